@@ -1,0 +1,124 @@
+"""The error vocabulary of hwlaunch.
+
+User errors (bad configuration, an impossible start method, a missing main guard, an absent
+backend) carry ``exit_code = 2``: the CLI prints their message alone, without a traceback.
+Worker errors describe what happened inside worker processes and keep the remote traceback.
+"""
+
+from __future__ import annotations
+
+
+class HwlaunchError(Exception):
+    """Base class of every error hwlaunch raises on purpose."""
+
+    exit_code: int = 1
+
+
+class ConfigError(HwlaunchError):
+    """A setting has a bad value or an unknown key; the message names its source."""
+
+    exit_code = 2
+
+
+class PluginError(HwlaunchError):
+    """A backend plugin failed to load or registered an invalid BackendSpec."""
+
+    exit_code = 2
+
+
+class StartMethodError(HwlaunchError):
+    """The requested or required start method cannot work here; the message says why."""
+
+    exit_code = 2
+
+
+class MissingMainGuardError(StartMethodError):
+    """spawn/forkserver would re-import a ``__main__`` whose launch is not main-guarded."""
+
+
+class BackendUnavailableError(HwlaunchError):
+    """The chosen backend is unknown or its device is not present."""
+
+    exit_code = 2
+
+
+class WorkerError(HwlaunchError):
+    """An exception raised inside a worker; the executor stays usable."""
+
+    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str) -> None:
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+        super().__init__(
+            f"rank {rank} raised {exc_type}: {message}\n"
+            f"--- remote traceback (rank {rank}) ---\n{remote_traceback.rstrip()}"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.rank, self.exc_type, self.message, self.remote_traceback))
+
+
+class WorkerDiedError(HwlaunchError):
+    """A worker process (or Ray actor) ended while it was expected to be alive."""
+
+    def __init__(
+        self, rank: int, pid: int | None, exitcode: int | None, where: str | None = None
+    ) -> None:
+        self.rank = rank
+        self.pid = pid
+        self.exitcode = exitcode
+        self.where = where
+        super().__init__(
+            f"worker rank {rank} (pid {pid}{', ' + where if where else ''}) died: "
+            f"{describe_exitcode(exitcode)}; the remaining workers were shut down"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.rank, self.pid, self.exitcode, self.where))
+
+
+class RpcTimeoutError(HwlaunchError):
+    """Some ranks did not answer a collective RPC within its timeout."""
+
+    def __init__(self, method: str, ranks: list[int], timeout: float) -> None:
+        self.method = method
+        self.ranks = ranks
+        self.timeout = timeout
+        super().__init__(
+            f"collective_rpc {method!r} timed out after {timeout:g}s; "
+            f"ranks that did not answer: {ranks}"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.method, self.ranks, self.timeout))
+
+
+class WorkerStartupError(HwlaunchError):
+    """A worker failed while starting (importing its class, initializing the device)."""
+
+    def __init__(self, rank: int, reason: str, remote_traceback: str = "") -> None:
+        self.rank = rank
+        self.reason = reason
+        self.remote_traceback = remote_traceback
+        text = f"worker rank {rank} failed to start: {reason}"
+        if remote_traceback:
+            text += f"\n--- remote traceback (rank {rank}) ---\n{remote_traceback.rstrip()}"
+        super().__init__(text)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.rank, self.reason, self.remote_traceback))
+
+
+def describe_exitcode(exitcode: int | None) -> str:
+    """Render a multiprocessing exit code: negative values are signals."""
+    import signal
+
+    if exitcode is None:
+        return "exit status unknown"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exited with code {exitcode}"

@@ -1,0 +1,211 @@
+"""The backend registry: entry points in, validated BackendSpecs out.
+
+Every plugin, built-in or third-party, is found through the entry-point group
+``hwlaunch.backends`` and loaded in isolation: an import error, an exception in its hook, an
+invalid spec or a clashing backend name marks that plugin as failed (with the reason) and
+never breaks the others, unless ``HWLAUNCH_STRICT_PLUGINS=1`` asks for errors.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint, entry_points
+
+import pluggy
+from hwlaunch import hookspecs
+from hwlaunch.errors import BackendUnavailableError, PluginError
+from hwlaunch.spec import BackendSpec
+
+OWN_DISTRIBUTION = "hwlaunch"
+ENV_ALLOW = "HWLAUNCH_PLUGINS"
+ENV_BLOCK = "HWLAUNCH_DISABLE_PLUGINS"
+ENV_STRICT = "HWLAUNCH_STRICT_PLUGINS"
+
+
+@dataclass(frozen=True)
+class PluginRecord:
+    """One entry point of the group, loaded or failed."""
+
+    name: str
+    module: str
+    distribution: str | None
+    version: str | None
+    backends: tuple[str, ...] = ()
+    hooks: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def builtin(self) -> bool:
+        return self.distribution == OWN_DISTRIBUTION
+
+    def describe(self) -> str:
+        dist = (
+            f"{self.distribution} {self.version}" if self.distribution else "unknown distribution"
+        )
+        return f"plugin {self.name!r} ({dist})"
+
+
+@dataclass(frozen=True)
+class RegisteredBackend:
+    spec: BackendSpec
+    plugin: PluginRecord
+
+
+@dataclass
+class Registry:
+    """Backends by name, plus a record of every plugin considered (loaded or failed)."""
+
+    backends: dict[str, RegisteredBackend] = field(default_factory=dict)
+    plugins: list[PluginRecord] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def specs(self) -> dict[str, BackendSpec]:
+        return {name: b.spec for name, b in self.backends.items()}
+
+    @property
+    def failures(self) -> list[PluginRecord]:
+        return [p for p in self.plugins if p.error is not None]
+
+    def get(self, name: str) -> BackendSpec:
+        """The spec named ``name``; a KeyError-like error lists the known names otherwise."""
+        if name in self.backends:
+            return self.backends[name].spec
+        raise BackendUnavailableError(unknown_name_message("backend", name, self.backends))
+
+
+def unknown_name_message(kind: str, name: str, known: Mapping[str, object] | list[str]) -> str:
+    """ "unknown backend 'cdua'; did you mean 'cuda'? known: cpu, cuda" style text."""
+    names = sorted(known)
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return f"unknown {kind} {name!r}{hint} (known: {', '.join(names) or 'none'})"
+
+
+def _split_env(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _strict_from_env(environ: Mapping[str, str]) -> bool:
+    return environ.get(ENV_STRICT, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _load_order(ep: EntryPoint) -> tuple[int, str]:
+    """Built-ins first, then third parties by name: clashes are decided the same every time."""
+    dist = ep.dist.name if ep.dist is not None else None
+    return (0 if dist == OWN_DISTRIBUTION else 1, ep.name)
+
+
+def load_registry(environ: Mapping[str, str] | None = None, strict: bool | None = None) -> Registry:
+    """Discover, filter and load every plugin of the entry-point group."""
+    env = os.environ if environ is None else environ
+    strict = _strict_from_env(env) if strict is None else strict
+    allow = _split_env(env[ENV_ALLOW]) if ENV_ALLOW in env else None
+    block = set(_split_env(env.get(ENV_BLOCK, "")))
+    manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    manager.add_hookspecs(hookspecs)
+    registry = Registry()
+    seen: set[str] = set()
+    for ep in sorted(entry_points(group=hookspecs.ENTRY_POINT_GROUP), key=_load_order):
+        if ep.name in seen:  # the same distribution visible twice on sys.path
+            continue
+        seen.add(ep.name)
+        dist = ep.dist.name if ep.dist is not None else None
+        builtin = dist == OWN_DISTRIBUTION
+        if ep.name in block or (allow is not None and not builtin and ep.name not in allow):
+            why = ENV_BLOCK if ep.name in block else ENV_ALLOW
+            registry.skipped.append(f"{ep.name} (excluded by {why})")
+            continue
+        record = _load_plugin(manager, ep, registry)
+        registry.plugins.append(record)
+        if record.error is not None and strict:
+            raise PluginError(f"{record.describe()} failed to load: {record.error}")
+    return registry
+
+
+def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Registry) -> PluginRecord:
+    base = PluginRecord(
+        name=ep.name,
+        module=ep.value,
+        distribution=ep.dist.name if ep.dist is not None else None,
+        version=ep.dist.version if ep.dist is not None else None,
+    )
+    try:
+        plugin = ep.load()
+        manager.register(plugin, name=ep.name)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # a plugin must never break the registry, not even sys.exit()
+        return _failed(base, f"cannot load {ep.value!r}: {_one_line(exc)}")
+    hooks = tuple(sorted(h.name for h in manager.get_hookcallers(plugin) or []))
+    collected: list[BackendSpec] = []
+
+    def register(spec: BackendSpec) -> None:
+        if not isinstance(spec, BackendSpec):
+            raise PluginError(f"register() takes a hwlaunch.BackendSpec, got {type(spec).__name__}")
+        collected.append(spec)
+
+    try:
+        for impl in manager.hook.hwlaunch_register_backends.get_hookimpls():
+            if impl.plugin is plugin:
+                impl.function(register=register)
+    except Exception as exc:
+        manager.unregister(plugin)
+        return _failed(base, f"hwlaunch_register_backends raised {_one_line(exc)}", hooks)
+    clash = _find_clash(collected, registry, base)
+    if clash is not None:
+        manager.unregister(plugin)
+        return _failed(base, clash, hooks)
+    names = tuple(spec.name for spec in collected)
+    record = PluginRecord(**{**base.__dict__, "backends": names, "hooks": hooks})
+    for spec in collected:
+        registry.backends[spec.name] = RegisteredBackend(spec=spec, plugin=record)
+    return record
+
+
+def _find_clash(
+    collected: list[BackendSpec], registry: Registry, record: PluginRecord
+) -> str | None:
+    names = [spec.name for spec in collected]
+    for name in names:
+        if names.count(name) > 1:
+            return f"registers backend {name!r} twice"
+        if name in registry.backends:
+            owner = registry.backends[name].plugin
+            return (
+                f"backend name {name!r} is already registered by {owner.describe()}; "
+                f"{record.describe()} cannot register it too. Block one with "
+                f"{ENV_BLOCK}={record.name} (or {ENV_BLOCK}={owner.name})"
+            )
+    return None
+
+
+def _failed(base: PluginRecord, reason: str, hooks: tuple[str, ...] = ()) -> PluginRecord:
+    return PluginRecord(**{**base.__dict__, "hooks": hooks, "error": reason})
+
+
+def _one_line(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return text.replace("\n", " ")
+
+
+_cached: dict[tuple[str | None, str | None, bool, int], Registry] = {}
+
+
+def default_registry() -> Registry:
+    """The registry for this process, reloaded when the plugin environment variables change."""
+    key = (
+        os.environ.get(ENV_ALLOW),
+        os.environ.get(ENV_BLOCK),
+        _strict_from_env(os.environ),
+        hash(tuple(sys.path)),
+    )
+    if key not in _cached:
+        _cached.clear()
+        _cached[key] = load_registry()
+    return _cached[key]

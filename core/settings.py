@@ -1,0 +1,285 @@
+"""User overrides with provenance: explicit arguments > environment > config file.
+
+Every value carries the place it came from (``--start-method``, ``env HWLAUNCH_START_METHOD``,
+``hwlaunch.toml:3``) so that both a plan's reasons and an error for a bad value can name it.
+Reading settings has no side effects: nothing here writes the environment or any file.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from hwlaunch.errors import ConfigError
+from hwlaunch.spec import START_METHODS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+T = TypeVar("T")
+
+EXECUTORS = ("uni", "mp", "ray")
+ENV_VARS: dict[str, str] = {
+    "backend": "HWLAUNCH_BACKEND",
+    "executor": "HWLAUNCH_EXECUTOR",
+    "start_method": "HWLAUNCH_START_METHOD",
+    "world_size": "HWLAUNCH_WORLD_SIZE",
+    "nnodes": "HWLAUNCH_NNODES",
+    "ray_address": "HWLAUNCH_RAY_ADDRESS",
+    "ray_pg_timeout": "HWLAUNCH_RAY_PG_TIMEOUT",
+}
+ENV_CONFIG = "HWLAUNCH_CONFIG"
+TOP_LEVEL_KEYS = (*ENV_VARS, "env", "backends")
+BACKEND_TABLE_KEYS = ("executor", "start_method", "world_size", "nnodes", "env")
+
+
+@dataclass(frozen=True)
+class Sourced(Generic[T]):
+    """A value and where it came from."""
+
+    value: T
+    source: str
+
+
+def did_you_mean(value: str, allowed: tuple[str, ...] | list[str]) -> str:
+    close = difflib.get_close_matches(value, list(allowed), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _choice(name: str, raw: object, source: str, allowed: tuple[str, ...]) -> str:
+    if not isinstance(raw, str) or raw not in allowed:
+        hint = did_you_mean(raw, allowed) if isinstance(raw, str) else ""
+        raise ConfigError(
+            f"invalid {name} {raw!r} from {source}{hint} (allowed: {', '.join(allowed)})"
+        )
+    return raw
+
+
+def _number(name: str, raw: object, source: str, kind: type, minimum: float) -> Any:
+    value: Any = raw
+    if isinstance(raw, str):
+        try:
+            value = kind(raw.strip())
+        except ValueError:
+            value = None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (kind is int and not isinstance(value, int))
+    ):
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"invalid {name} {raw!r} from {source}: must be {what} >= {minimum:g}")
+    if value < minimum or value != value or value == float("inf"):
+        raise ConfigError(f"invalid {name} {raw!r} from {source}: must be >= {minimum:g}")
+    return value
+
+
+def parse_setting(name: str, raw: object, source: str) -> Any:
+    """Validate one setting's raw value (a string from env/CLI, or a native TOML/Python value)."""
+    if name == "executor":
+        return _choice(name, raw, source, EXECUTORS)
+    if name == "start_method":
+        return _choice(name, raw, source, START_METHODS)
+    if name in ("world_size", "nnodes"):
+        return _number(name, raw, source, int, 1)
+    if name == "ray_pg_timeout":
+        return float(_number(name, raw, source, float, 0.001))
+    if name in ("backend", "ray_address"):
+        if not isinstance(raw, str) or not raw.strip():
+            raise ConfigError(f"invalid {name} {raw!r} from {source}: must be a non-empty string")
+        return raw.strip()
+    raise ConfigError(f"unknown setting {name!r} from {source}{did_you_mean(name, list(ENV_VARS))}")
+
+
+def _parse_env_table(raw: object, source: str) -> dict[str, str]:
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) and isinstance(v, str)
+        for k, v in raw.items()
+    ):
+        raise ConfigError(
+            f"invalid env table at {source}: must map environment variable names to strings, "
+            'e.g. env = { OMP_NUM_THREADS = "4" }'
+        )
+    return dict(raw)
+
+
+@dataclass
+class ConfigFile:
+    """A parsed config file: top-level settings and per-backend tables, each value sourced."""
+
+    path: Path
+    settings: dict[str, Sourced[Any]] = field(default_factory=dict)
+    env: Sourced[dict[str, str]] | None = None
+    backends: dict[str, dict[str, Sourced[Any]]] = field(default_factory=dict)
+    backend_env: dict[str, Sourced[dict[str, str]]] = field(default_factory=dict)
+
+
+class _LineFinder:
+    """Finds the line of ``key`` inside ``[table]`` of a TOML text, for error messages."""
+
+    _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
+    _KEY = re.compile(r"""^\s*("[^"]+"|'[^']+'|[A-Za-z0-9_-]+)\s*=""")
+
+    def __init__(self, text: str, label: str) -> None:
+        self.lines = text.splitlines()
+        self.label = label
+
+    def source(self, table: tuple[str, ...], key: str) -> str:
+        current: tuple[str, ...] = ()
+        for number, line in enumerate(self.lines, start=1):
+            header = self._HEADER.match(line)
+            if header:
+                current = tuple(p.strip().strip("\"'") for p in header.group(1).split("."))
+                continue
+            match = self._KEY.match(line)
+            if match and current == table and match.group(1).strip("\"'") == key:
+                return f"{self.label}:{number}"
+        if table:
+            return f"{self.label} [{'.'.join(table)}]"
+        return self.label
+
+
+def _check_keys(
+    table: Mapping[str, Any], allowed: tuple[str, ...], where: tuple[str, ...], finder: _LineFinder
+) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(
+                f"unknown key {key!r} at {finder.source(where, key)}{did_you_mean(key, allowed)} "
+                f"(allowed: {', '.join(allowed)})"
+            )
+
+
+def load_config_file(path: Path, table_prefix: tuple[str, ...] = ()) -> ConfigFile:
+    """Parse ``path`` (``hwlaunch.toml``, or ``[tool.hwlaunch]`` of a pyproject.toml)."""
+    label = path.name if path.parent.resolve() == Path.cwd().resolve() else str(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        data: Any = tomllib.loads(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    for part in table_prefix:
+        data = data.get(part, {}) if isinstance(data, dict) else {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"[{'.'.join(table_prefix)}] in {path} must be a table")
+    finder = _LineFinder(text, label)
+    config = ConfigFile(path=path)
+    _check_keys(data, TOP_LEVEL_KEYS, table_prefix, finder)
+    for key, raw in data.items():
+        source = finder.source(table_prefix, key)
+        if key == "env":
+            config.env = Sourced(_parse_env_table(raw, source), source)
+        elif key != "backends":
+            config.settings[key] = Sourced(parse_setting(key, raw, source), source)
+    backends = data.get("backends", {})
+    if not isinstance(backends, dict):
+        raise ConfigError(
+            f"'backends' at {finder.source(table_prefix, 'backends')} must be a table"
+        )
+    for name, table in backends.items():
+        where = (*table_prefix, "backends", name)
+        if not isinstance(table, dict):
+            raise ConfigError(f"[backends.{name}] in {label} must be a table")
+        _check_keys(table, BACKEND_TABLE_KEYS, where, finder)
+        values: dict[str, Sourced[Any]] = {}
+        for key, raw in table.items():
+            source = f"{finder.source(where, key)} [backends.{name}]"
+            if key == "env":
+                config.backend_env[name] = Sourced(_parse_env_table(raw, source), source)
+            else:
+                values[key] = Sourced(parse_setting(key, raw, source), source)
+        config.backends[name] = values
+    return config
+
+
+def find_config_file(
+    explicit: str | os.PathLike[str] | None, explicit_source: str, environ: Mapping[str, str]
+) -> ConfigFile | None:
+    """``--config``/``config=`` > ``HWLAUNCH_CONFIG`` > ./hwlaunch.toml > ./pyproject.toml."""
+    named: tuple[object, str] | None = None
+    if explicit is not None:
+        named = (explicit, explicit_source)
+    elif environ.get(ENV_CONFIG):
+        named = (environ[ENV_CONFIG], f"env {ENV_CONFIG}")
+    if named is not None:
+        path = Path(str(named[0])).expanduser()
+        if not path.is_file():
+            raise ConfigError(
+                f"config file {str(path)!r} from {named[1]} does not exist or is not a file"
+            )
+        return load_config_file(path)
+    local = Path("hwlaunch.toml")
+    if local.is_file():
+        return load_config_file(local)
+    pyproject = Path("pyproject.toml")
+    if pyproject.is_file():
+        try:
+            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+            return None  # not ours to judge unless it has our table
+        if isinstance(data.get("tool"), dict) and "hwlaunch" in data["tool"]:
+            return load_config_file(pyproject, ("tool", "hwlaunch"))
+    return None
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """All user-supplied settings, by layer."""
+
+    explicit: dict[str, Sourced[Any]] = field(default_factory=dict)
+    environment: dict[str, Sourced[Any]] = field(default_factory=dict)
+    config: ConfigFile | None = None
+
+    def lookup(self, name: str, backend: str | None = None) -> Sourced[Any] | None:
+        """The winning value for ``name``: explicit > env > [backends.<b>] > top-level file."""
+        if name in self.explicit:
+            return self.explicit[name]
+        if name in self.environment:
+            return self.environment[name]
+        if self.config is not None:
+            if backend is not None and name in self.config.backends.get(backend, {}):
+                return self.config.backends[backend][name]
+            return self.config.settings.get(name)
+        return None
+
+
+def read_environment(environ: Mapping[str, str]) -> dict[str, Sourced[Any]]:
+    """The ``HWLAUNCH_*`` settings present (empty values count as unset)."""
+    found: dict[str, Sourced[Any]] = {}
+    for name, var in ENV_VARS.items():
+        raw = environ.get(var, "")
+        if raw.strip():
+            source = f"env {var}"
+            found[name] = Sourced(parse_setting(name, raw, source), source)
+    return found
+
+
+def collect_overrides(
+    explicit: Mapping[str, object | None],
+    explicit_sources: Mapping[str, str],
+    config: str | os.PathLike[str] | None,
+    config_source: str,
+    environ: Mapping[str, str] | None = None,
+) -> Overrides:
+    """Validate every layer; ``explicit_sources`` names each argument (``--world-size``)."""
+    env = os.environ if environ is None else environ
+    parsed = {
+        name: Sourced(parse_setting(name, raw, explicit_sources[name]), explicit_sources[name])
+        for name, raw in explicit.items()
+        if raw is not None
+    }
+    return Overrides(
+        explicit=parsed,
+        environment=read_environment(env),
+        config=find_config_file(config, config_source, env),
+    )

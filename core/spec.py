@@ -1,0 +1,145 @@
+"""BackendSpec: what a hardware plugin declares about its backend.
+
+A spec is data, not behaviour: the resolver reads it, executors read the plan made from it, and
+nothing in it touches a device when constructed. Validation happens here, at registration, so a
+plugin author learns about a mistake from the registry and not from a worker that hangs later.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from hwlaunch.errors import PluginError
+
+StartMethod = Literal["fork", "spawn", "forkserver"]
+START_METHODS: tuple[StartMethod, ...] = ("fork", "spawn", "forkserver")
+
+_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _fail(field_name: str, problem: str) -> PluginError:
+    return PluginError(f"invalid BackendSpec field {field_name!r}: {problem}")
+
+
+def _check_method(field_name: str, value: object) -> None:
+    if value not in START_METHODS:
+        raise _fail(field_name, f"{value!r} is not a start method; allowed: {list(START_METHODS)}")
+
+
+@dataclass(frozen=True)
+class StartMethodRule:
+    """Which multiprocessing start methods a backend allows, and what to do when fork is unsafe.
+
+    ``fallback`` is the method used instead of fork when fork is unsafe (device runtime already
+    initialized, or running inside a Ray actor). ``fork_warning``, when set, is a warning the
+    plan carries whenever fork is used (HPU: fork can hang at exit). ``preload`` names modules
+    that the fork server imports once before forking workers, so forkserver starts fast.
+    """
+
+    allowed: tuple[StartMethod, ...]
+    default: StartMethod
+    fork_unsafe_after_init: bool = False
+    fallback: StartMethod | None = None
+    fork_warning: str | None = None
+    preload: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.allowed, tuple) or not self.allowed:
+            raise _fail("start_methods.allowed", "must be a non-empty tuple of start methods")
+        for method in self.allowed:
+            _check_method("start_methods.allowed", method)
+        if len(set(self.allowed)) != len(self.allowed):
+            raise _fail("start_methods.allowed", f"duplicate entries in {self.allowed!r}")
+        _check_method("start_methods.default", self.default)
+        if self.default not in self.allowed:
+            raise _fail(
+                "start_methods.default",
+                f"{self.default!r} is not among allowed {list(self.allowed)}",
+            )
+        if not isinstance(self.fork_unsafe_after_init, bool):
+            raise _fail("start_methods.fork_unsafe_after_init", "must be a bool")
+        if self.fallback is not None:
+            _check_method("start_methods.fallback", self.fallback)
+            if self.fallback == "fork" or self.fallback not in self.allowed:
+                raise _fail(
+                    "start_methods.fallback",
+                    f"{self.fallback!r} must be a non-fork method among allowed "
+                    f"{list(self.allowed)}",
+                )
+        if self.fork_unsafe_after_init and "fork" in self.allowed and self.fallback is None:
+            raise _fail(
+                "start_methods.fallback",
+                "required when fork_unsafe_after_init is true (spawn or forkserver)",
+            )
+        if self.fork_warning is not None and not isinstance(self.fork_warning, str):
+            raise _fail("start_methods.fork_warning", "must be a string or None")
+        if not isinstance(self.preload, tuple) or not all(
+            isinstance(m, str) and m for m in self.preload
+        ):
+            raise _fail("start_methods.preload", "must be a tuple of module names")
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A hardware backend as a plugin declares it.
+
+    The three probes must be cheap and free of side effects: they never initialize a device
+    runtime, and import torch or a vendor module only when a cheap pre-check says it matters.
+    ``worker`` is an import path ``"package.module:ClassName"``, imported only inside workers.
+    """
+
+    name: str
+    device_type: str
+    priority: int
+    is_available: Callable[[], bool]
+    device_count: Callable[[], int]
+    is_initialized: Callable[[], bool]
+    start_methods: StartMethodRule
+    dist_backend: str
+    worker: str
+    device_control_env_var: str | None = None
+    ray_resource: str = "CPU"
+    worker_env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise _fail(
+                "name",
+                f"{self.name!r} must be a lowercase identifier like 'cuda' or 'my-npu' "
+                "(letters, digits, '-', '_'; starting with a letter)",
+            )
+        if not isinstance(self.device_type, str) or not self.device_type:
+            raise _fail("device_type", f"{self.device_type!r} must be a non-empty string")
+        if not isinstance(self.priority, int) or isinstance(self.priority, bool):
+            raise _fail("priority", f"{self.priority!r} must be an int")
+        for probe in ("is_available", "device_count", "is_initialized"):
+            if not callable(getattr(self, probe)):
+                raise _fail(probe, "must be a callable taking no arguments")
+        if not isinstance(self.start_methods, StartMethodRule):
+            raise _fail("start_methods", "must be a hwlaunch.StartMethodRule")
+        if not isinstance(self.dist_backend, str) or not self.dist_backend:
+            raise _fail("dist_backend", f"{self.dist_backend!r} must be a non-empty string")
+        if not isinstance(self.worker, str) or not _IMPORT_PATH.match(self.worker):
+            raise _fail("worker", f"{self.worker!r} must be an import path 'package.module:Class'")
+        var = self.device_control_env_var
+        if var is not None and (not isinstance(var, str) or not _ENV_NAME.match(var)):
+            raise _fail("device_control_env_var", f"{var!r} must be an environment variable name")
+        if not isinstance(self.ray_resource, str) or not self.ray_resource:
+            raise _fail("ray_resource", f"{self.ray_resource!r} must be a non-empty string")
+        env: Any = self.worker_env
+        if not isinstance(env, Mapping) or not all(
+            isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in env.items()
+        ):
+            raise _fail("worker_env", "must map environment variable names to strings")
+        object.__setattr__(self, "worker_env", MappingProxyType(dict(env)))
+
+    @property
+    def is_accelerator(self) -> bool:
+        """Whether devices are counted and bound per worker (everything but the host CPU)."""
+        return self.device_type != "cpu"
