@@ -1,0 +1,125 @@
+"""The worker process's main loop for the mp executor.
+
+Liveness: the worker exits when the parent dies, through two independent paths. A thread
+blocks on the read end of a *death pipe* whose only write end lives in the parent, so the
+parent's death (even by SIGKILL) is an EOF here. PR_SET_PDEATHSIG adds a kernel signal; it
+is set only when the launching thread is the main thread, because the kernel fires it when
+the *thread* that forked us exits, and a launch from a short-lived thread must not kill us.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import sys
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+from hwlaunch.plan import Plan
+from hwlaunch.worker_runtime import Failure, call, dumps, loads, start_worker
+
+PR_SET_PDEATHSIG = 1
+
+
+def _end_process_tree(code: int) -> None:
+    """Stop this worker's own children (compile pools, DataLoader workers), then exit now."""
+    try:
+        import psutil
+
+        children = psutil.Process().children(recursive=True)
+        for child in children:
+            child.kill()
+        psutil.wait_procs(children, timeout=1)
+    except Exception:
+        pass
+    os._exit(code)
+
+
+def _watch_parent(death_r: Connection) -> None:
+    try:
+        death_r.recv_bytes()  # the parent never writes: this returns only by EOF
+    except (EOFError, OSError):
+        pass
+    _end_process_tree(1)
+
+
+def _install_liveness(death_r: Connection, pdeathsig: bool, parent_pid: int | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGTERM, lambda *_: _end_process_tree(128 + signal.SIGTERM))
+    if pdeathsig and sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if parent_pid is not None and os.getppid() != parent_pid:
+            os._exit(1)  # the parent died before the signal was armed
+    threading.Thread(
+        target=_watch_parent, args=(death_r,), name="hwlaunch-death-pipe", daemon=True
+    ).start()
+
+
+def worker_main(
+    *,
+    rank: int,
+    local_rank: int,
+    plan: Plan,
+    extension: bytes | str | None,
+    master_addr: str,
+    master_port: int,
+    init_distributed: bool,
+    env: dict[str, str],
+    conn: Connection,
+    death_r: Connection,
+    inherited_fds: tuple[int, ...],
+    pdeathsig: bool,
+    parent_pid: int | None,
+) -> None:
+    """Start the worker, report ready (or the start-up failure), then serve RPCs until told."""
+    for fd in inherited_fds:  # under fork: the parent's ends of the pipes must not stay open here
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _install_liveness(death_r, pdeathsig, parent_pid)
+    os.environ.update(env)
+    try:
+        worker = start_worker(
+            plan,
+            extension,
+            rank=rank,
+            local_rank=local_rank,
+            master_addr=master_addr,
+            master_port=master_port,
+            init_distributed=init_distributed,
+        )
+    except BaseException as exc:
+        conn.send_bytes(pickle.dumps(("startup_error", Failure.current(exc))))
+        _end_process_tree(1)
+    conn.send_bytes(pickle.dumps(("ready", os.getpid())))
+    serve(worker, conn)
+
+
+def serve(worker: Any, conn: Connection) -> None:
+    """Answer ``(kind, rpc_id, payload)`` requests with ``(rpc_id, ok, value)`` replies."""
+    while True:
+        try:
+            kind, rpc_id, payload = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):
+            break
+        if kind == "shutdown":
+            try:
+                worker.shutdown()
+            finally:
+                conn.send_bytes(pickle.dumps((rpc_id, True, None)))
+            break
+        try:
+            method, args, kwargs = loads(payload)
+            reply: tuple[int, bool, Any] = (rpc_id, True, call(worker, method, args, kwargs))
+        except Exception as exc:
+            reply = (rpc_id, False, Failure.current(exc))
+        try:
+            data = dumps(reply)
+        except Exception as exc:
+            data = dumps((rpc_id, False, Failure.current(exc)))
+        conn.send_bytes(data)

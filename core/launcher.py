@@ -1,0 +1,50 @@
+"""launch(): resolve (unless given a plan), then start the plan's executor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hwlaunch.executor.base import Executor, StatusCallback
+from hwlaunch.plan import Plan
+
+
+def launch(
+    plan: Plan | None = None,
+    *,
+    worker_extension: type | str | None = None,
+    init_distributed: bool = True,
+    startup_timeout: float | None = None,
+    on_status: StatusCallback | None = None,
+    **overrides: Any,
+) -> Executor:
+    """Start ``plan.world_size`` workers and return their executor (a context manager).
+
+    Without a plan, ``overrides`` are ``resolve()``'s keywords. ``worker_extension`` (a class,
+    or ``"package.module:ClassName"``) is mixed into the backend's worker class, so its methods
+    can be called by name through ``collective_rpc``.
+    """
+    if plan is None:
+        from hwlaunch.resolver import resolve
+
+        plan = resolve(**overrides)
+    elif overrides:
+        raise TypeError(
+            f"launch() got a plan and resolve() keywords {sorted(overrides)}; pass one or the other"
+        )
+    options: dict[str, Any] = dict(
+        init_distributed=init_distributed, startup_timeout=startup_timeout, on_status=on_status
+    )
+    if plan.executor == "uni":
+        from hwlaunch.executor.uni import UniExecutor
+
+        return UniExecutor(plan, worker_extension, **options)
+    if plan.executor == "mp":
+        from hwlaunch.executor.mp import MultiprocExecutor
+
+        return MultiprocExecutor(plan, worker_extension, **options)
+    if plan.executor == "ray":
+        from hwlaunch.executor.ray import RayExecutor
+
+        ray_executor: Executor = RayExecutor(plan, worker_extension, **options)
+        return ray_executor
+    raise ValueError(f"unknown executor {plan.executor!r} in plan")

@@ -1,0 +1,136 @@
+"""What every executor does on the worker side: build the worker and run calls on it.
+
+The mp child loop, the uni executor's thread and the Ray actor all use these functions, so a
+worker behaves the same whichever executor hosts it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pickle
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import cloudpickle
+
+from hwlaunch.plan import Plan
+from hwlaunch.worker import Worker
+
+WorkerExtension = type | str | None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """An exception that happened in a worker, in a form that always pickles."""
+
+    exc_type: str
+    message: str
+    traceback: str
+
+    @classmethod
+    def current(cls, exc: BaseException) -> Failure:
+        return cls(
+            exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
+            message=str(exc),
+            traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+
+
+def import_object(path: str) -> Any:
+    """``"package.module:Name"`` -> the object."""
+    module_name, _, attr = path.partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def encode_extension(extension: WorkerExtension) -> bytes | str | None:
+    """Classes travel by value (cloudpickle), so a class defined in a script or notebook works."""
+    if extension is None or isinstance(extension, str):
+        return extension
+    if not isinstance(extension, type):
+        raise TypeError(
+            f"worker_extension must be a class or 'package.module:ClassName', got {extension!r}"
+        )
+    return bytes(cloudpickle.dumps(extension))
+
+
+def worker_class(plan: Plan, extension: bytes | str | None) -> type[Worker]:
+    """The backend's worker class, with the extension mixed in first (its methods win)."""
+    base = import_object(plan.worker)
+    if not (isinstance(base, type) and issubclass(base, Worker)):
+        raise TypeError(f"{plan.worker} is not a subclass of hwlaunch.Worker")
+    if extension is None:
+        return base
+    ext = import_object(extension) if isinstance(extension, str) else cloudpickle.loads(extension)
+    if not isinstance(ext, type):
+        raise TypeError(f"worker_extension {extension!r} is not a class")
+    return type(f"{ext.__name__}{base.__name__}", (ext, base), {})
+
+
+def start_worker(
+    plan: Plan,
+    extension: bytes | str | None,
+    *,
+    rank: int,
+    local_rank: int,
+    master_addr: str,
+    master_port: int,
+    init_distributed: bool,
+) -> Worker:
+    """Construct the worker and run its start-up lifecycle."""
+    cls = worker_class(plan, extension)
+    worker = cls(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=plan.world_size,
+        plan=plan,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
+    worker.init_device()
+    if init_distributed:
+        worker.init_distributed()
+    return worker
+
+
+def encode_method(method: str | Callable[..., Any]) -> str | bytes:
+    """A method name stays a name; a callable travels by value."""
+    if isinstance(method, str):
+        return method
+    if not callable(method):
+        raise TypeError(f"method must be a worker method name or a callable, got {method!r}")
+    return bytes(cloudpickle.dumps(method))
+
+
+def method_label(method: str | Callable[..., Any]) -> str:
+    return method if isinstance(method, str) else getattr(method, "__qualname__", repr(method))
+
+
+def call(worker: Worker, method: str | bytes, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run one RPC on the worker: a named method, or ``fn(worker, *args, **kwargs)``."""
+    if isinstance(method, bytes):
+        fn = cloudpickle.loads(method)
+        return fn(worker, *args, **kwargs)
+    target = getattr(worker, method, None)
+    if target is None or method.startswith("_") or not callable(target):
+        raise AttributeError(
+            f"{type(worker).__name__} has no public method {method!r}; pass a worker_extension "
+            "that defines it, or send a callable fn(worker, ...)"
+        )
+    return target(*args, **kwargs)
+
+
+def dumps(obj: Any) -> bytes:
+    """Plain pickle (fast) for data; cloudpickle for what plain pickle cannot take by value."""
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, AttributeError, TypeError):
+        return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def loads(data: bytes) -> Any:
+    return pickle.loads(data)
