@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import pluggy
+
 from hwlaunch.spec import BackendSpec
 
 PROJECT_NAME = "hwlaunch"

@@ -1,9 +1,10 @@
 """The backend registry: entry points in, validated BackendSpecs out.
 
 Every plugin, built-in or third-party, is found through the entry-point group
-``hwlaunch.backends`` and loaded in isolation: an import error, an exception in its hook, an
-invalid spec or a clashing backend name marks that plugin as failed (with the reason) and
-never breaks the others, unless ``HWLAUNCH_STRICT_PLUGINS=1`` asks for errors.
+``hwlaunch.backends`` and loaded in isolation: an import error, an exception (even SystemExit)
+in its module or its hook, a missing hook, an invalid spec, or a backend name or entry-point name
+that another plugin already took marks that plugin as failed (with the reason) and never breaks
+the others, unless ``HWLAUNCH_STRICT_PLUGINS=1`` asks for errors.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 
 import pluggy
+
 from hwlaunch import hookspecs
 from hwlaunch.errors import BackendUnavailableError, PluginError
 from hwlaunch.spec import BackendSpec
@@ -110,31 +112,51 @@ def load_registry(environ: Mapping[str, str] | None = None, strict: bool | None 
     manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
     registry = Registry()
-    seen: set[str] = set()
+    # importlib.metadata already lists a distribution once even when sys.path shows it twice,
+    # so two entry points with one name come from two distributions: report, never drop one.
+    by_name: dict[str, PluginRecord] = {}
     for ep in sorted(entry_points(group=hookspecs.ENTRY_POINT_GROUP), key=_load_order):
-        if ep.name in seen:  # the same distribution visible twice on sys.path
-            continue
-        seen.add(ep.name)
         dist = ep.dist.name if ep.dist is not None else None
         builtin = dist == OWN_DISTRIBUTION
         if ep.name in block or (allow is not None and not builtin and ep.name not in allow):
             why = ENV_BLOCK if ep.name in block else ENV_ALLOW
             registry.skipped.append(f"{ep.name} (excluded by {why})")
             continue
-        record = _load_plugin(manager, ep, registry)
+        if ep.name in by_name:
+            record = _failed(_record_of(ep), _name_clash(by_name[ep.name], _record_of(ep)))
+        else:
+            record = _load_plugin(manager, ep, registry)
+            by_name[ep.name] = record
         registry.plugins.append(record)
         if record.error is not None and strict:
-            raise PluginError(f"{record.describe()} failed to load: {record.error}")
+            raise PluginError(
+                f"{record.describe()} failed to load: {record.error}. This is an error because "
+                f"{ENV_STRICT} is set; unset it to skip the plugin, or block it with "
+                f"{ENV_BLOCK}={record.name}"
+            )
     return registry
 
 
-def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Registry) -> PluginRecord:
-    base = PluginRecord(
+def _record_of(ep: EntryPoint) -> PluginRecord:
+    return PluginRecord(
         name=ep.name,
         module=ep.value,
         distribution=ep.dist.name if ep.dist is not None else None,
         version=ep.dist.version if ep.dist is not None else None,
     )
+
+
+def _name_clash(first: PluginRecord, record: PluginRecord) -> str:
+    return (
+        f"entry-point name {record.name!r} is already taken by {first.describe()}, loaded "
+        f"first; {ENV_BLOCK}={record.name} would block both. Rename the entry point in "
+        f"{record.distribution or 'its distribution'}'s group {hookspecs.ENTRY_POINT_GROUP!r}, "
+        "or uninstall one of the two distributions"
+    )
+
+
+def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Registry) -> PluginRecord:
+    base = _record_of(ep)
     try:
         plugin = ep.load()
         manager.register(plugin, name=ep.name)
@@ -143,6 +165,14 @@ def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Regist
     except BaseException as exc:  # a plugin must never break the registry, not even sys.exit()
         return _failed(base, f"cannot load {ep.value!r}: {_one_line(exc)}")
     hooks = tuple(sorted(h.name for h in manager.get_hookcallers(plugin) or []))
+    impls = [
+        impl
+        for impl in manager.hook.hwlaunch_register_backends.get_hookimpls()
+        if impl.plugin is plugin
+    ]
+    if not impls:
+        manager.unregister(plugin)
+        return _failed(base, _no_hook_message(ep, hooks), hooks)
     collected: list[BackendSpec] = []
 
     def register(spec: BackendSpec) -> None:
@@ -150,11 +180,13 @@ def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Regist
             raise PluginError(f"register() takes a hwlaunch.BackendSpec, got {type(spec).__name__}")
         collected.append(spec)
 
+    arguments: dict[str, object] = {"register": register}
     try:
-        for impl in manager.hook.hwlaunch_register_backends.get_hookimpls():
-            if impl.plugin is plugin:
-                impl.function(register=register)
-    except Exception as exc:
+        for impl in impls:  # called as pluggy would: each argument the hookimpl names
+            impl.function(*(arguments[name] for name in impl.argnames))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # sys.exit() inside a hook fails the plugin, not the caller
         manager.unregister(plugin)
         return _failed(base, f"hwlaunch_register_backends raised {_one_line(exc)}", hooks)
     clash = _find_clash(collected, registry, base)
@@ -178,11 +210,21 @@ def _find_clash(
         if name in registry.backends:
             owner = registry.backends[name].plugin
             return (
-                f"backend name {name!r} is already registered by {owner.describe()}; "
-                f"{record.describe()} cannot register it too. Block one with "
-                f"{ENV_BLOCK}={record.name} (or {ENV_BLOCK}={owner.name})"
+                f"backend name {name!r} is already registered by {owner.describe()}, loaded "
+                f"first; {record.describe()} cannot register it too. To keep {owner.name!r}: "
+                f"{ENV_BLOCK}={record.name}; to use {record.name!r} instead: {ENV_BLOCK}={owner.name}"
             )
     return None
+
+
+def _no_hook_message(ep: EntryPoint, hooks: tuple[str, ...]) -> str:
+    spec_name = "hwlaunch_register_backends"
+    close = difflib.get_close_matches(spec_name, hooks, n=1)
+    found = f" (it has {close[0]!r}: a misspelling?)" if close else ""
+    return (
+        f"{ep.value!r} implements no {spec_name} hook{found}; define "
+        f"`{spec_name}(register)` decorated with @hwlaunch.hookimpl"
+    )
 
 
 def _failed(base: PluginRecord, reason: str, hooks: tuple[str, ...] = ()) -> PluginRecord:
@@ -190,6 +232,8 @@ def _failed(base: PluginRecord, reason: str, hooks: tuple[str, ...] = ()) -> Plu
 
 
 def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"SystemExit: sys.exit({exc.code!r}) was called"
     text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     return text.replace("\n", " ")
 
