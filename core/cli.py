@@ -12,6 +12,7 @@ import traceback
 from typing import Any
 
 import click
+
 from hwlaunch.errors import HwlaunchError
 from hwlaunch.facts import probe_device
 from hwlaunch.registry import Registry, default_registry

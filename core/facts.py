@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import multiprocessing
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -142,13 +142,15 @@ def _count(key: str, raw: object, source: str) -> int:
 
 
 def parse_assumptions(
-    items: Mapping[str, object] | Iterable[str] | None, source: str
+    items: Mapping[str, object] | Iterable[str] | str | None, source: str
 ) -> dict[str, object]:
     """``{"cuda.available": True}`` or ``["cuda.available=true"]`` into a key -> raw map."""
     if items is None:
         return {}
     if isinstance(items, Mapping):
         return dict(items)
+    if isinstance(items, str):  # one KEY=VALUE, not a sequence of characters
+        items = [items]
     parsed: dict[str, object] = {}
     for item in items:
         key, sep, value = str(item).partition("=")
@@ -160,37 +162,57 @@ def parse_assumptions(
     return parsed
 
 
+def _assume_device(
+    name: str, device: DeviceFacts, given: Mapping[str, object], source: str
+) -> DeviceFacts:
+    """Apply the assumed ``available``/``device_count``/``initialized`` of one backend.
+
+    The three are related (a device that is initialized is available and has a device), so an
+    assumption about one implies the others unless they are assumed too; contradictions are
+    errors rather than a plan made from facts that cannot all be true.
+    """
+
+    def value(attr: str, convert: Callable[[str, object, str], Any]) -> Any:
+        if attr not in given:
+            return None
+        return convert(f"{name}.{attr}", given[attr], f"{source} {name}.{attr}={given[attr]}")
+
+    available: bool | None = value("available", _bool)
+    count: int | None = value("device_count", _count)
+    initialized: bool | None = value("initialized", _bool)
+    if available is None:
+        available = count > 0 if count is not None else bool(initialized) or device.available
+    if count is None:
+        count = max(device.device_count, 1) if available else 0
+    if initialized is None:
+        initialized = device.initialized and available
+    if available != (count > 0) or (initialized and not available):
+        raise ConfigError(
+            f"contradictory assumptions in {source} for {name}: available={available}, "
+            f"device_count={count}, initialized={initialized} (an available backend has at least "
+            "one device; an initialized one is available)"
+        )
+    return DeviceFacts(available, count, initialized)
+
+
 def apply_assumptions(
     facts: RuntimeFacts, assume: Mapping[str, object], source: str
 ) -> RuntimeFacts:
-    """Replace probed facts with assumed ones; each assumed key is recorded in ``assumed``."""
+    """Replace probed facts with assumed ones.
+
+    Every assumed key is recorded in ``assumed``, and so is every fact an assumption changed by
+    implication (assuming ``cuda.device_count=2`` makes ``cuda.available`` true, assumed too).
+    """
     devices = dict(facts.devices)
     changes: dict[str, Any] = {}
+    assumed = set(facts.assumed)
+    per_device: dict[str, dict[str, object]] = {}
     valid = [*GLOBAL_KEYS, *(f"{b}.{k}" for b in devices for k in DEVICE_KEYS)]
     for key, raw in assume.items():
         where = f"{source} {key}={raw}"
         backend, dot, attr = key.partition(".")
         if dot and backend in devices and attr in DEVICE_KEYS:
-            device = devices[backend]
-            if attr == "device_count":
-                count = _count(key, raw, where)
-                device = replace(
-                    device, device_count=count, available=device.available or count > 0
-                )
-            else:
-                flag = _bool(key, raw, where)
-                device = (
-                    replace(device, available=flag)
-                    if attr == "available"
-                    else replace(device, initialized=flag)
-                )
-                if attr == "available" and flag:
-                    device = replace(device, device_count=max(device.device_count, 1))
-                if attr == "initialized" and flag:
-                    device = replace(
-                        device, available=True, device_count=max(device.device_count, 1)
-                    )
-            devices[backend] = replace(device, probe_error=None)
+            per_device.setdefault(backend, {})[attr] = raw
         elif key == "main_guard":
             status = str(raw).strip()
             if status not in MAIN_GUARD_VALUES:
@@ -216,4 +238,12 @@ def apply_assumptions(
                 f"unknown fact {key!r} in {source}{did_you_mean(key, valid)} "
                 f"(known: {', '.join(valid)})"
             )
-    return replace(facts, devices=devices, assumed=facts.assumed | frozenset(assume), **changes)
+        assumed.add(key)
+    for backend, given in per_device.items():
+        old = devices[backend]
+        new = _assume_device(backend, old, given, source)
+        for attr in DEVICE_KEYS:
+            if getattr(new, attr) != getattr(old, attr):
+                assumed.add(f"{backend}.{attr}")
+        devices[backend] = new
+    return replace(facts, devices=devices, assumed=frozenset(assumed), **changes)

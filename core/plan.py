@@ -78,15 +78,18 @@ class Plan:
         """A table of settings, values, sources and reasons, then the warnings."""
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(
-            title=f"hwlaunch plan: {self.backend} x{self.world_size}", title_justify="left"
+            title=Text(f"hwlaunch plan: {self.backend} x{self.world_size}"), title_justify="left"
         )
         for column in ("setting", "value", "source", "reason"):
             table.add_column(column, overflow="fold")
         for d in self.decisions:
             value = d.value if not isinstance(d.value, dict) else _env_text(d.value)
-            table.add_row(d.setting, "-" if value is None else str(value), d.source, d.reason)
+            cells = (d.setting, "-" if value is None else str(value), d.source, d.reason)
+            # Text, not str: a source such as "hwlaunch.toml:3 [backends.cuda]" is not markup.
+            table.add_row(*(Text(cell) for cell in cells))
         buffer = io.StringIO()
         console = Console(file=buffer, width=width, no_color=True, highlight=False)
         console.print(table)

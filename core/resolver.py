@@ -24,6 +24,9 @@ from hwlaunch.settings import Overrides, Sourced, collect_overrides, did_you_mea
 from hwlaunch.spec import BackendSpec
 
 DEFAULT_RAY_PG_TIMEOUT = 60.0
+# How close (difflib ratio) a [backends.<name>] must be to a registered name to count as a typo:
+# 'cdua' (0.75) is a typo of 'cuda', while 'npu' or 'tpu' (0.67 to 'cpu') are other vendors.
+TYPO_CUTOFF = 0.75
 PYTHON_SOURCES = {
     "backend": "resolve(backend=)",
     "world_size": "resolve(world_size=)",
@@ -198,9 +201,14 @@ class _Decider:
             and "fork" in self.facts.os_start_methods
             and self.fork_unsafe(spec) is None
         )
-        alternative = (
-            f", or use start method 'fork' (allowed by backend {spec.name})" if fork_ok else ""
-        )
+        if fork_ok:
+            alternative = f", or use start method 'fork' (allowed by backend {spec.name})"
+        elif "fork" not in spec.start_methods.allowed:
+            alternative = f" (fork is not an option: backend {spec.name} does not allow it)"
+        elif "fork" not in self.facts.os_start_methods:
+            alternative = f" (fork is not an option: this OS does not offer it{self.facts.mark('start_methods')})"
+        else:
+            alternative = f" (fork is not an option: {self.fork_unsafe(spec)})"
         return MissingMainGuardError(
             f"{where} starts workers at module level, outside an "
             f'`if __name__ == "__main__":` block{self.facts.mark("main_guard")}, with start '
@@ -253,7 +261,7 @@ class _Decider:
                     f"--start-method {rule.default} or remove the setting"
                 )
             if method == "fork" and unsafe is not None:
-                if not self.facts.in_ray_actor or rule.fork_unsafe_after_init:
+                if rule.fork_unsafe_after_init and self.facts.devices[spec.name].initialized:
                     fallback = rule.fallback or "spawn"
                     raise StartMethodError(
                         f"start method 'fork' from {chosen.source} cannot work: {unsafe} "
@@ -278,7 +286,11 @@ class _Decider:
                     f"backend {spec.name} allows {', '.join(rule.allowed)}, but this OS offers "
                     f"only {', '.join(offered)}"
                 )
-            method, reason = usable[0], f"default {rule.default!r} is not offered by this OS"
+            method = usable[0]
+            reason = (
+                f"default {rule.default!r} is not offered by this OS"
+                f"{self.facts.mark('start_methods')} (offered: {', '.join(offered)})"
+            )
         if method == "fork" and unsafe is not None:
             method = rule.fallback or next(m for m in rule.allowed if m != "fork")
             source = (
@@ -305,7 +317,30 @@ class _Decider:
         return str(self.note("start_method", method, source, reason))
 
     # -- the whole plan ------------------------------------------------------------------
+    def check_backend_tables(self) -> None:
+        """A ``[backends.<name>]`` close to a registered name is a typo (error); any other is
+        taken for a vendor whose plugin is not installed here (warning), so that one config
+        file serves machines with different plugins."""
+        config = self.overrides.config
+        if config is None:
+            return
+        for name in config.backends:
+            if name in self.specs:
+                continue
+            where = config.backend_tables.get(name, f"[backends.{name}] in {config.path}")
+            close = did_you_mean(name, list(self.specs), cutoff=TYPO_CUTOFF)
+            if close:
+                raise ConfigError(
+                    f"{where} names no registered backend{close} "
+                    f"(registered: {', '.join(sorted(self.specs))})"
+                )
+            self.warnings.append(
+                f"{where} names no registered backend, so it is ignored (registered: "
+                f"{', '.join(sorted(self.specs))}; is its plugin installed?)"
+            )
+
     def plan(self) -> Plan:
+        self.check_backend_tables()
         spec = self.backend()
         world = self.size("world_size", spec.name)
         nodes = self.size("nnodes", spec.name)
@@ -318,6 +353,20 @@ class _Decider:
             "communication backend of the device",
         )
         self.note("worker", spec.worker, f"rule of backend {spec.name}", "worker class")
+        self.note(
+            "device_control_env_var",
+            spec.device_control_env_var,
+            f"rule of backend {spec.name}",
+            "binds each worker to its device"
+            if spec.device_control_env_var
+            else "no device-visibility variable: workers share the host",
+        )
+        self.note(
+            "ray_resource",
+            spec.ray_resource,
+            f"rule of backend {spec.name}",
+            "the Ray resource each worker (actor) requests",
+        )
         env = self.env(spec)
         preload: tuple[str, ...] = ()
         if method == "forkserver":
@@ -378,16 +427,6 @@ class _Decider:
                 if layer is not None:
                     env.update(layer.value)
                     sources.append(layer.source)
-            for name in config.backends:
-                if name not in self.specs:
-                    close = did_you_mean(name, list(self.specs))
-                    if close:
-                        raise ConfigError(
-                            f"[backends.{name}] in {config.path} names no registered backend{close}"
-                        )
-                    self.warnings.append(
-                        f"[backends.{name}] in {config.path} names no registered backend; ignored"
-                    )
         self.note("env", env, " < ".join(sources) or "none", "extra environment for workers")
         return env
 

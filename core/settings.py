@@ -49,8 +49,9 @@ class Sourced(Generic[T]):
     source: str
 
 
-def did_you_mean(value: str, allowed: tuple[str, ...] | list[str]) -> str:
-    close = difflib.get_close_matches(value, list(allowed), n=1)
+def did_you_mean(value: str, allowed: tuple[str, ...] | list[str], cutoff: float = 0.6) -> str:
+    """``"; did you mean 'cuda'?"`` for the closest allowed value, or ``""``."""
+    close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=cutoff)
     return f"; did you mean {close[0]!r}?" if close else ""
 
 
@@ -99,62 +100,106 @@ def parse_setting(name: str, raw: object, source: str) -> Any:
     raise ConfigError(f"unknown setting {name!r} from {source}{did_you_mean(name, list(ENV_VARS))}")
 
 
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
 def _parse_env_table(raw: object, source: str) -> dict[str, str]:
-    if not isinstance(raw, dict) or not all(
-        isinstance(k, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k) and isinstance(v, str)
-        for k, v in raw.items()
-    ):
+    example = 'e.g. env = { OMP_NUM_THREADS = "4" }'
+    if not isinstance(raw, dict):
         raise ConfigError(
-            f"invalid env table at {source}: must map environment variable names to strings, "
-            'e.g. env = { OMP_NUM_THREADS = "4" }'
+            f"invalid env at {source}: must be a table mapping environment variable names to "
+            f"strings, {example}"
         )
+    for key, value in raw.items():
+        if not _ENV_NAME.match(key):
+            raise ConfigError(
+                f"invalid env table at {source}: {key!r} is not an environment variable name"
+            )
+        if not isinstance(value, str):
+            raise ConfigError(
+                f"invalid env table at {source}: {key} = {value!r} must be a string "
+                f"(environment values are text), {example}"
+            )
     return dict(raw)
 
 
 @dataclass
 class ConfigFile:
-    """A parsed config file: top-level settings and per-backend tables, each value sourced."""
+    """A parsed config file: top-level settings and per-backend tables, each value sourced.
+
+    ``backend_tables`` maps each ``[backends.<name>]`` to where it is written, so that a table
+    naming no registered backend can be reported at its line.
+    """
 
     path: Path
     settings: dict[str, Sourced[Any]] = field(default_factory=dict)
     env: Sourced[dict[str, str]] | None = None
     backends: dict[str, dict[str, Sourced[Any]]] = field(default_factory=dict)
     backend_env: dict[str, Sourced[dict[str, str]]] = field(default_factory=dict)
+    backend_tables: dict[str, str] = field(default_factory=dict)
+
+
+_KEY_PART = r"""(?:"[^"]*"|'[^']*'|[A-Za-z0-9_-]+)"""
+
+
+def _key_path(text: str) -> tuple[str, ...]:
+    return tuple(p.strip("\"'") for p in re.findall(_KEY_PART, text))
 
 
 class _LineFinder:
-    """Finds the line of ``key`` inside ``[table]`` of a TOML text, for error messages."""
+    """Finds the line that defines a dotted key path of a TOML text, for messages.
 
-    _HEADER = re.compile(r"^\s*\[\s*([^\[\]]+?)\s*\]\s*(#.*)?$")
-    _KEY = re.compile(r"""^\s*("[^"]+"|'[^']+'|[A-Za-z0-9_-]+)\s*=""")
+    TOML parsers drop line numbers, so this scans the text: table headers (``[a.b]``,
+    ``[[a.b]]``) and keys (``k =``, dotted ``a.b.k =``) each define a path. A path defined
+    nowhere on its own line (a key inside an inline table) gets the line of its nearest
+    ancestor that is.
+    """
+
+    _HEADER = re.compile(r"^\s*\[\[?\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
+    _KEY = re.compile(rf"^\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*=")
 
     def __init__(self, text: str, label: str) -> None:
-        self.lines = text.splitlines()
         self.label = label
-
-    def source(self, table: tuple[str, ...], key: str) -> str:
+        self.defined: list[tuple[tuple[str, ...], int]] = []
         current: tuple[str, ...] = ()
-        for number, line in enumerate(self.lines, start=1):
+        for number, line in enumerate(text.splitlines(), start=1):
             header = self._HEADER.match(line)
             if header:
-                current = tuple(p.strip().strip("\"'") for p in header.group(1).split("."))
+                current = _key_path(header.group(1))
+                self.defined.append((current, number))
                 continue
-            match = self._KEY.match(line)
-            if match and current == table and match.group(1).strip("\"'") == key:
+            key = self._KEY.match(line)
+            if key:
+                self.defined.append(((*current, *_key_path(key.group(1))), number))
+
+    def source(self, path: tuple[str, ...]) -> str:
+        """``label:line`` of the line defining ``path`` (or its nearest ancestor), else label."""
+        best: tuple[int, int] | None = None  # (depth, line)
+        for defined, number in self.defined:
+            if defined == path:
                 return f"{self.label}:{number}"
-        if table:
-            return f"{self.label} [{'.'.join(table)}]"
-        return self.label
+            if (
+                defined
+                and path[: len(defined)] == defined
+                and (best is None or len(defined) > best[0])
+            ):
+                best = (len(defined), number)
+        return f"{self.label}:{best[1]}" if best else self.label
+
+
+def _table_name(path: tuple[str, ...]) -> str:
+    return f"[{'.'.join(path)}]"
 
 
 def _check_keys(
     table: Mapping[str, Any], allowed: tuple[str, ...], where: tuple[str, ...], finder: _LineFinder
 ) -> None:
+    inside = f" in {_table_name(where)}" if where else ""
     for key in table:
         if key not in allowed:
             raise ConfigError(
-                f"unknown key {key!r} at {finder.source(where, key)}{did_you_mean(key, allowed)} "
-                f"(allowed: {', '.join(allowed)})"
+                f"unknown key {key!r}{inside} at {finder.source((*where, key))}"
+                f"{did_you_mean(key, allowed)} (allowed: {', '.join(allowed)})"
             )
 
 
@@ -176,7 +221,7 @@ def load_config_file(path: Path, table_prefix: tuple[str, ...] = ()) -> ConfigFi
     config = ConfigFile(path=path)
     _check_keys(data, TOP_LEVEL_KEYS, table_prefix, finder)
     for key, raw in data.items():
-        source = finder.source(table_prefix, key)
+        source = finder.source((*table_prefix, key))
         if key == "env":
             config.env = Sourced(_parse_env_table(raw, source), source)
         elif key != "backends":
@@ -184,16 +229,18 @@ def load_config_file(path: Path, table_prefix: tuple[str, ...] = ()) -> ConfigFi
     backends = data.get("backends", {})
     if not isinstance(backends, dict):
         raise ConfigError(
-            f"'backends' at {finder.source(table_prefix, 'backends')} must be a table"
+            f"'backends' at {finder.source((*table_prefix, 'backends'))} must be a table of "
+            "[backends.<name>] tables"
         )
     for name, table in backends.items():
         where = (*table_prefix, "backends", name)
         if not isinstance(table, dict):
-            raise ConfigError(f"[backends.{name}] in {label} must be a table")
+            raise ConfigError(f"{_table_name(where)} at {finder.source(where)} must be a table")
+        config.backend_tables[name] = f"{finder.source(where)} {_table_name(where)}"
         _check_keys(table, BACKEND_TABLE_KEYS, where, finder)
         values: dict[str, Sourced[Any]] = {}
         for key, raw in table.items():
-            source = f"{finder.source(where, key)} [backends.{name}]"
+            source = f"{finder.source((*where, key))} {_table_name(where)}"
             if key == "env":
                 config.backend_env[name] = Sourced(_parse_env_table(raw, source), source)
             else:
