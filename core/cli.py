@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from hwlaunch.cli_run import run
 from hwlaunch.errors import HwlaunchError
 from hwlaunch.facts import probe_device
 from hwlaunch.registry import Registry, default_registry
@@ -207,6 +208,9 @@ def resolve(
         click.echo(json.dumps(plan.to_dict(), indent=2))
     else:
         click.echo(plan.explain(), nl=False)
+
+
+cli.add_command(run)
 
 
 def main(argv: list[str] | None = None) -> int:

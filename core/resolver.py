@@ -106,8 +106,12 @@ class _Decider:
     # -- sizes ---------------------------------------------------------------------------
     def size(self, name: str, backend: str) -> Sourced[int]:
         found = self.overrides.lookup(name, backend)
-        value = found if found is not None else Sourced(1, "built-in default")
-        reason = "requested" if found is not None else "default"
+        if found is None:
+            value, reason = Sourced(1, "built-in default"), "default"
+        elif found is self.overrides.defaults.get(name):
+            value, reason = found, "default of this command"
+        else:
+            value, reason = found, "requested"
         self.note(name, value.value, value.source, reason)
         return value
 
@@ -450,10 +454,12 @@ def resolve_with_sources(
     assume: Mapping[str, object] | Iterable[str] | None = None,
     assume_source: str = "resolve(assume=)",
     registry: Registry | None = None,
+    defaults: Mapping[str, Sourced[Any]] | None = None,
 ) -> Plan:
-    """resolve() for callers (the CLI) that name their own sources, e.g. ``--start-method``."""
+    """resolve() for callers (the CLI) that name their own sources, e.g. ``--start-method``,
+    and their own defaults below every user setting."""
     registry = registry or default_registry()
-    overrides = collect_overrides(explicit, sources, config, config_source)
+    overrides = collect_overrides(explicit, sources, config, config_source, defaults=defaults)
     specs = registry.specs
     facts = gather_facts(specs)
     assumed = parse_assumptions(assume, assume_source)

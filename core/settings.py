@@ -286,9 +286,11 @@ class Overrides:
     explicit: dict[str, Sourced[Any]] = field(default_factory=dict)
     environment: dict[str, Sourced[Any]] = field(default_factory=dict)
     config: ConfigFile | None = None
+    defaults: dict[str, Sourced[Any]] = field(default_factory=dict)
 
     def lookup(self, name: str, backend: str | None = None) -> Sourced[Any] | None:
-        """The winning value for ``name``: explicit > env > [backends.<b>] > top-level file."""
+        """The winning value for ``name``: explicit > env > [backends.<b>] > top-level file >
+        the caller's defaults (``hwlaunch run`` defaults to world size 2)."""
         if name in self.explicit:
             return self.explicit[name]
         if name in self.environment:
@@ -296,8 +298,9 @@ class Overrides:
         if self.config is not None:
             if backend is not None and name in self.config.backends.get(backend, {}):
                 return self.config.backends[backend][name]
-            return self.config.settings.get(name)
-        return None
+            if name in self.config.settings:
+                return self.config.settings[name]
+        return self.defaults.get(name)
 
 
 def read_environment(environ: Mapping[str, str]) -> dict[str, Sourced[Any]]:
@@ -317,6 +320,7 @@ def collect_overrides(
     config: str | os.PathLike[str] | None,
     config_source: str,
     environ: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Sourced[Any]] | None = None,
 ) -> Overrides:
     """Validate every layer; ``explicit_sources`` names each argument (``--world-size``)."""
     env = os.environ if environ is None else environ
@@ -329,4 +333,5 @@ def collect_overrides(
         explicit=parsed,
         environment=read_environment(env),
         config=find_config_file(config, config_source, env),
+        defaults=dict(defaults or {}),
     )

@@ -13,8 +13,8 @@ from hwlaunch import BackendSpec, Register, StartMethodRule, hookimpl
 from hwlaunch.probes import device_nodes, module_installed
 
 FORK_WARNING = (
-    "fork was honoured because it was requested explicitly, but forked HPU workers can hang at "
-    "process exit; spawn is the safe choice on HPU"
+    "workers use fork, but forked HPU workers can hang at process exit; spawn (with an "
+    '`if __name__ == "__main__":` guard) is the safe choice on HPU'
 )
 
 

@@ -1,0 +1,88 @@
+"""The model that ``hwlaunch run`` generates with: a local model directory, or a tiny fixed one.
+
+The built-in model is a two-layer Llama built from a fixed config and a fixed seed, with a byte
+tokenizer, so that the main job needs no download and every process builds the same weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SEED = 0
+BYTE_VOCAB = 256
+
+
+@dataclass
+class LoadedModel:
+    model: Any
+    tokenizer: Any | None
+    name: str
+
+    def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is not None:
+            return list(self.tokenizer(prompt)["input_ids"])
+        return list(prompt.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str | None:
+        if self.tokenizer is not None:
+            return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        return None  # a random byte model produces no meaningful text: report token ids
+
+
+def load(path: str | None, device: Any = "cpu") -> LoadedModel:
+    """Load ``path`` offline (local_files_only), or build the fixed tiny model."""
+    import torch
+    import transformers
+
+    torch.manual_seed(SEED)
+    if path is None:
+        config = transformers.LlamaConfig(
+            vocab_size=BYTE_VOCAB + 4,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=512,
+            bos_token_id=BYTE_VOCAB,
+            eos_token_id=BYTE_VOCAB + 1,
+            pad_token_id=BYTE_VOCAB + 2,
+            tie_word_embeddings=False,
+        )
+        model: Any = transformers.LlamaForCausalLM(config)
+        loaded = LoadedModel(model=model, tokenizer=None, name="built-in tiny llama (seed 0)")
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError):
+            tokenizer = None
+        loaded = LoadedModel(model=model, tokenizer=tokenizer, name=path)
+    loaded.model.to(device).eval()
+    return loaded
+
+
+def generate(loaded: LoadedModel, prompts: list[str], max_new_tokens: int) -> list[dict[str, Any]]:
+    """Greedy generation, one prompt at a time (no padding, so results do not depend on batching)."""
+    import torch
+
+    outputs = []
+    device = next(loaded.model.parameters()).device
+    config = loaded.model.config
+    pad = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = loaded.encode(prompt)
+            input_ids = torch.tensor([ids], dtype=torch.long, device=device)
+            out = loaded.model.generate(
+                input_ids=input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                max_new_tokens=max_new_tokens,
+                min_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+            )
+            new = [int(t) for t in out[0, len(ids) :].tolist()]
+            outputs.append({"prompt": prompt, "token_ids": new, "text": loaded.decode(new)})
+    return outputs

@@ -1,0 +1,140 @@
+"""`hwlaunch run`, the main job, end to end in real subprocesses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def hwlaunch(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
+    return subprocess.run(
+        [sys.executable, "-m", "hwlaunch.cli", *args],
+        cwd=cwd,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+
+
+def run_json(*args: str, cwd: Path) -> dict[str, Any]:
+    proc = hwlaunch("run", "--json", "--max-new-tokens", "4", *args, cwd=cwd)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    result: dict[str, Any] = json.loads(proc.stdout)
+    return result
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_run_each_start_method(method: str, tmp_path: Path) -> None:
+    result = run_json("--start-method", method, cwd=tmp_path)
+    plan = result["plan"]
+    assert (plan["backend"], plan["executor"], plan["start_method"]) == ("cpu", "mp", method)
+    assert plan["world_size"] == 2
+    size = next(d for d in plan["decisions"] if d["setting"] == "world_size")
+    assert size["source"] == "hwlaunch run default"
+    assert result["allreduce_ok"] is True
+    assert result["allreduce"]["got"] == [1, 1]
+    assert result["matches_single_process"] is True
+    assert [o["rank"] for o in result["outputs"]] == [0, 1, 0, 1]
+    assert all(len(o["token_ids"]) == 4 for o in result["outputs"])
+    assert set(result["timings"]) >= {"time_to_ready_s", "rpc_latency_ms_median", "generate_s"}
+
+
+def test_run_uni_executor_and_custom_prompts(tmp_path: Path) -> None:
+    result = run_json(
+        "--executor",
+        "uni",
+        "-n",
+        "1",
+        "--prompt",
+        "a",
+        "--prompt",
+        "bc",
+        "--prompt",
+        "def",
+        cwd=tmp_path,
+    )
+    assert result["plan"]["executor"] == "uni"
+    assert result["allreduce"]["got"] == [0]
+    assert [o["prompt"] for o in result["outputs"]] == ["a", "bc", "def"]
+    assert result["matches_single_process"] is True
+
+
+def test_run_world_size_from_env_beats_the_run_default(tmp_path: Path) -> None:
+    proc = hwlaunch(
+        "run",
+        "--json",
+        "--max-new-tokens",
+        "2",
+        "--prompt",
+        "x",
+        cwd=tmp_path,
+        env={"HWLAUNCH_WORLD_SIZE": "3"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["plan"]["world_size"] == 3
+    assert result["allreduce"]["got"] == [3, 3, 3]
+
+
+def test_run_with_a_local_model_directory_and_tokenizer(tmp_path: Path) -> None:
+    model_dir = tmp_path / "model"
+    subprocess.run([sys.executable, "-c", MAKE_MODEL, str(model_dir)], check=True, timeout=200)
+    result = run_json(
+        "--model", str(model_dir), "--prompt", "hello world", "--prompt", "the cat", cwd=tmp_path
+    )
+    assert result["model"] == str(model_dir)
+    assert result["matches_single_process"] is True
+    assert all(isinstance(o["text"], str) for o in result["outputs"])
+
+
+def test_run_human_output(tmp_path: Path) -> None:
+    proc = hwlaunch("run", "--max-new-tokens", "2", "--prompt", "hi", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "tokens match a single-process run: yes" in proc.stdout
+    assert "all-reduce of rank ids: [1, 1]" in proc.stdout
+    assert "start_method" in proc.stdout  # the plan with its reasons comes first
+
+
+def test_run_bad_flag_is_a_user_error(tmp_path: Path) -> None:
+    proc = hwlaunch("run", "--start-method", "spwan", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "did you mean 'spawn'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_run_missing_model_directory_fails_cleanly(tmp_path: Path) -> None:
+    proc = hwlaunch(
+        "run", "--model", str(tmp_path / "absent"), "--max-new-tokens", "2", cwd=tmp_path
+    )
+    assert proc.returncode == 1
+    assert "absent" in proc.stderr
+
+
+MAKE_MODEL = r"""
+import sys
+import tokenizers, transformers, torch
+out = sys.argv[1]
+tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+    {w: i for i, w in enumerate(["[UNK]", "hello", "world", "the", "cat", "sat"])}, unk_token="[UNK]"))
+tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]")
+fast.save_pretrained(out)
+torch.manual_seed(1)
+config = transformers.LlamaConfig(vocab_size=6, hidden_size=32, intermediate_size=64,
+    num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2, pad_token_id=0,
+    bos_token_id=0, eos_token_id=0)
+transformers.LlamaForCausalLM(config).save_pretrained(out)
+"""
