@@ -222,9 +222,19 @@ class _Decider:
             f'`if __name__ == "__main__":`{alternative}'
         )
 
+    def disallowed(self, method: str, source: str, spec: BackendSpec) -> StartMethodError:
+        rule = spec.start_methods
+        return StartMethodError(
+            f"start method {method!r} from {source} is not allowed by the rule of backend "
+            f"{spec.name}, which allows only {', '.join(rule.allowed)}. Fix: use "
+            f"--start-method {rule.default} or remove the setting"
+        )
+
     def start_method(self, spec: BackendSpec, executor: str) -> str | None:
         if executor != "mp":
             ignored = self.overrides.lookup("start_method", spec.name)
+            if ignored is not None and ignored.value not in spec.start_methods.allowed:
+                raise self.disallowed(ignored.value, ignored.source, spec)
             if ignored is not None:
                 self.warnings.append(
                     f"start method {ignored.value!r} from {ignored.source} is "
@@ -259,11 +269,7 @@ class _Decider:
                     f"OS{self.facts.mark('start_methods')} (offered: {', '.join(offered)})"
                 )
             if method not in rule.allowed:
-                raise StartMethodError(
-                    f"start method {method!r} from {chosen.source} is not allowed by the rule of "
-                    f"backend {spec.name}, which allows only {', '.join(rule.allowed)}. Fix: use "
-                    f"--start-method {rule.default} or remove the setting"
-                )
+                raise self.disallowed(method, chosen.source, spec)
             if method == "fork" and unsafe is not None:
                 if rule.fork_unsafe_after_init and self.facts.devices[spec.name].initialized:
                     fallback = rule.fallback or "spawn"

@@ -835,3 +835,23 @@ DECIDED = (
     "ray_resource",
     "env",
 )
+
+
+@pytest.mark.parametrize("executor", ["uni", "ray"])
+def test_disallowed_explicit_method_is_an_error_for_every_executor(executor: str) -> None:
+    world = 1 if executor == "uni" else 2
+    with pytest.raises(StartMethodError, match=r"'fork' from resolve\(start_method=\).*xpu"):
+        hwlaunch.resolve(
+            backend="xpu",
+            executor=executor,
+            world_size=world,
+            start_method="fork",
+            assume={"xpu.device_count": 2},
+        )
+
+
+def test_allowed_explicit_method_is_ignored_with_a_warning_outside_mp() -> None:
+    plan = hwlaunch.resolve(backend="cpu", world_size=1, start_method="spawn")
+    assert plan.executor == "uni"
+    assert plan.start_method is None
+    assert any("'spawn' from resolve(start_method=) is ignored" in w for w in plan.warnings)
