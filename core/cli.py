@@ -7,6 +7,7 @@ exit 2 without a traceback; ``--debug`` shows the traceback.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import traceback
 from typing import Any
@@ -207,7 +208,7 @@ def resolve(
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2))
     else:
-        click.echo(plan.explain(), nl=False)
+        click.echo(plan.explain(width=shutil.get_terminal_size((120, 24)).columns), nl=False)
 
 
 cli.add_command(run)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import click
 
@@ -47,7 +48,7 @@ def run(
         flags, RUN_SOURCES, config=config_file, config_source="--config", defaults=RUN_DEFAULTS
     )
     if not as_json:
-        click.echo(plan.explain(), nl=False)
+        click.echo(plan.explain(width=shutil.get_terminal_size((120, 24)).columns), nl=False)
     else:
         for warning in plan.warnings:
             print_err(f"warning: {warning}")
