@@ -81,10 +81,14 @@ class Plan:
         from rich.text import Text
 
         table = Table(
-            title=Text(f"hwlaunch plan: {self.backend} x{self.world_size}"), title_justify="left"
+            title=Text(f"hwlaunch plan: {self.backend} x{self.world_size}"),
+            title_justify="left",
+            expand=True,
         )
-        for column in ("setting", "value", "source", "reason"):
-            table.add_column(column, overflow="fold")
+        table.add_column("setting", no_wrap=True)
+        table.add_column("value", overflow="fold", ratio=3)
+        table.add_column("source", overflow="fold", ratio=3)
+        table.add_column("reason", overflow="fold", ratio=5)
         for d in self.decisions:
             value = d.value if not isinstance(d.value, dict) else _env_text(d.value)
             cells = (d.setting, "-" if value is None else str(value), d.source, d.reason)
