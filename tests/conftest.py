@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# Ray binds its services to 127.0.0.1 only with this set; tests send traffic to loopback only.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 
 @pytest.fixture
 def clean_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
