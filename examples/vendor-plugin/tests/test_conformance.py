@@ -1,0 +1,28 @@
+"""The Acme plugin's tests: hwlaunch's conformance suite, plus what is special to Acme.
+
+Run them after installing the plugin: ``pip install -e . && pytest``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import hwlaunch
+from hwlaunch.testing import BackendConformance
+
+
+class TestAcme(BackendConformance):
+    """Every check of the suite, against the installed "acme" backend."""
+
+    backend = "acme"
+    vendor_modules = ("acme_runtime",)  # the probes must never import the vendor runtime
+    absent_env = ("ACME_NPU_DEVICES=0",)  # the emulation's switch for "no device here"
+
+
+def test_each_rank_binds_its_own_visible_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Acme-specific: with ACME_VISIBLE_DEVICES=3,5 rank 0 binds NPU 3 and rank 1 NPU 5."""
+    monkeypatch.setenv("ACME_NPU_DEVICES", "8")
+    monkeypatch.setenv("ACME_VISIBLE_DEVICES", "3,5")
+    plan = hwlaunch.resolve(backend="acme", world_size=2)  # mp, forkserver: the rule's default
+    with hwlaunch.launch(plan) as workers:
+        assert workers.collective_rpc("bound_device") == ["3", "5"]
