@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from hwlaunch.executor.base import Executor, StatusCallback
@@ -19,18 +20,39 @@ def launch(
 ) -> Executor:
     """Start ``plan.world_size`` workers and return their executor (a context manager).
 
-    Without a plan, ``overrides`` are ``resolve()``'s keywords. ``worker_extension`` (a class,
+    Without a plan, ``overrides`` are ``resolve()``'s keywords, and the warnings of the plan
+    (a fallback from fork, a module-level launch without a main guard) and of the executor (a
+    fork server already running without the preload) are issued as ``UserWarning`` pointing at
+    the caller's line. A caller that passes a plan has seen it: the warnings stay in
+    ``plan.warnings`` and ``executor.warnings``, for it to show. ``worker_extension`` (a class,
     or ``"package.module:ClassName"``) is mixed into the backend's worker class, so its methods
     can be called by name through ``collective_rpc``.
     """
+    resolved_here = plan is None
     if plan is None:
         from hwlaunch.resolver import resolve
 
         plan = resolve(**overrides)
+        for text in plan.warnings:
+            warnings.warn(f"hwlaunch: {text}", UserWarning, stacklevel=2)
     elif overrides:
         raise TypeError(
             f"launch() got a plan and resolve() keywords {sorted(overrides)}; pass one or the other"
         )
+    executor = _start(plan, worker_extension, init_distributed, startup_timeout, on_status)
+    if resolved_here:
+        for text in getattr(executor, "warnings", ()):
+            warnings.warn(f"hwlaunch: {text}", UserWarning, stacklevel=2)
+    return executor
+
+
+def _start(
+    plan: Plan,
+    worker_extension: type | str | None,
+    init_distributed: bool,
+    startup_timeout: float | None,
+    on_status: StatusCallback | None,
+) -> Executor:
     options: dict[str, Any] = dict(
         init_distributed=init_distributed, startup_timeout=startup_timeout, on_status=on_status
     )

@@ -8,6 +8,7 @@ in a Ray actor). Its lifecycle is ``init_device()`` -> ``init_distributed()`` ->
 from __future__ import annotations
 
 import os
+import socket
 from typing import Any
 
 from hwlaunch.plan import Plan
@@ -48,10 +49,39 @@ class Worker:
             return
         dist.init_process_group(
             backend=self.plan.dist_backend,
-            init_method=f"tcp://{self.master_addr}:{self.master_port}",
+            store=self.rendezvous_store(),
             rank=self.rank,
             world_size=self.world_size,
+            **self.process_group_options(),
         )
+
+    def process_group_options(self) -> dict[str, Any]:
+        """Extra keywords for ``init_process_group`` (CUDA binds the group to its device)."""
+        return {}
+
+    def rendezvous_store(self) -> Any:
+        """The job's ``torch.distributed.TCPStore`` at MASTER_ADDR:MASTER_PORT, hosted by rank 0.
+
+        Why not ``init_method="tcp://ADDR:PORT"``: torch's store then listens on every interface
+        (``::``) whatever ADDR says, so anyone on the network could reach it. Rank 0 binds the
+        listening socket to MASTER_ADDR itself (127.0.0.1 for one node) and hands it over.
+        """
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # re-exported
+
+        if self.rank != 0:
+            return TCPStore(self.master_addr, self.master_port, self.world_size, is_master=False)
+        family = socket.AF_INET6 if ":" in self.master_addr else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.master_addr, self.master_port))
+            sock.listen(max(self.world_size, 128))
+            return TCPStore(
+                self.master_addr,
+                self.master_port,
+                self.world_size,
+                is_master=True,
+                master_listen_fd=sock.detach(),  # the store owns (and closes) the socket now
+            )
 
     def shutdown(self) -> None:
         """Leave the process group; called once before the worker exits."""

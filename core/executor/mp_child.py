@@ -3,12 +3,14 @@
 Liveness: the worker exits when the parent dies, through two independent paths. A thread
 blocks on the read end of a *death pipe* whose only write end lives in the parent, so the
 parent's death (even by SIGKILL) is an EOF here. PR_SET_PDEATHSIG adds a kernel signal; it
-is set only when the launching thread is the main thread, because the kernel fires it when
-the *thread* that forked us exits, and a launch from a short-lived thread must not kill us.
+is set only when the thread that forked us is a main thread (the launcher's, or the fork
+server's), because the kernel fires it when that *thread* exits, and a launch from a
+short-lived thread must not kill us.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import pickle
@@ -39,16 +41,21 @@ def _end_process_tree(code: int) -> None:
 
 
 def _watch_parent(death_r: Connection) -> None:
-    try:
+    with contextlib.suppress(EOFError, OSError):
         death_r.recv_bytes()  # the parent never writes: this returns only by EOF
-    except (EOFError, OSError):
-        pass
     _end_process_tree(1)
+
+
+def _default_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _install_liveness(death_r: Connection, pdeathsig: bool, parent_pid: int | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, lambda *_: _end_process_tree(128 + signal.SIGTERM))
+    # A child this worker forks (a multiprocessing or DataLoader worker) must not inherit the
+    # handler above: its own SIGTERM should end it the ordinary way (exit code -15).
+    os.register_at_fork(after_in_child=_default_sigterm)
     if pdeathsig and sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
@@ -69,6 +76,7 @@ def worker_main(
     master_port: int,
     init_distributed: bool,
     env: dict[str, str],
+    replace_environ: bool,
     conn: Connection,
     death_r: Connection,
     inherited_fds: tuple[int, ...],
@@ -77,11 +85,11 @@ def worker_main(
 ) -> None:
     """Start the worker, report ready (or the start-up failure), then serve RPCs until told."""
     for fd in inherited_fds:  # under fork: the parent's ends of the pipes must not stay open here
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
     _install_liveness(death_r, pdeathsig, parent_pid)
+    if replace_environ:  # the parent's whole environment, as it was at launch
+        os.environ.clear()
     os.environ.update(env)
     try:
         worker = start_worker(

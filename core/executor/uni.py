@@ -3,6 +3,10 @@
 The worker lives on one dedicated thread, so that per-thread device state (the current CUDA
 device) is the same for start-up and every call, and so that a call can time out. It does not
 change this process's environment: the plan's env is for worker processes only.
+
+A thread cannot be stopped: a call that times out goes on running on the worker thread, the
+executor closes (as the mp executor does after a timeout), and the worker's ``shutdown()`` runs
+once that call returns.
 """
 
 from __future__ import annotations
@@ -10,8 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, wait
 from typing import Any
 
 from hwlaunch.errors import RpcTimeoutError, WorkerStartupError
@@ -26,6 +29,8 @@ from hwlaunch.worker_runtime import (
     method_label,
     start_worker,
 )
+
+SHUTDOWN_WAIT = 5.0  # seconds shutdown() waits for the worker's own shutdown()
 
 _Job = tuple[Callable[[], Any], "Future[Any]"]
 
@@ -45,9 +50,10 @@ class UniExecutor(Executor):
         self.plan = plan
         self.warnings: list[str] = []
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._broken: BaseException | None = None
-        self._closed = False
+        self._rpc_lock = threading.Lock()  # one call at a time, as on a worker process
+        self._state_lock = threading.Lock()
+        self._closed_because: str | None = None
+        self._worker: Worker | None = None
         self._thread = threading.Thread(target=self._run, name="hwlaunch-uni-worker", daemon=True)
         self._thread.start()
         if on_status:
@@ -66,18 +72,18 @@ class UniExecutor(Executor):
                 init_distributed=init_distributed,
             )
 
-        try:
-            self._worker: Worker = self._submit(build).result(startup_timeout)
-        except FutureTimeout:
-            self._broken = WorkerStartupError(0, f"not ready within {startup_timeout:g}s")
-            self.shutdown()
-            raise self._broken from None
-        except Exception as exc:
-            self._jobs.put(None)
-            failure = Failure.current(exc)
-            raise WorkerStartupError(
-                0, f"{failure.exc_type}: {failure.message}", failure.traceback
-            ) from None
+        future = self._submit(build)
+        if not wait([future], startup_timeout).done:
+            # Should start-up finish after all, its worker shuts down on the worker thread.
+            future.add_done_callback(lambda f: f.exception() or f.result().shutdown())
+            self._close(f"the worker was not ready within {startup_timeout:g}s")
+            raise WorkerStartupError(0, f"not ready within {startup_timeout:g}s")
+        error = future.exception()
+        if error is not None:
+            self._close("the worker failed to start")
+            failure = Failure.current(error)
+            raise WorkerStartupError(0, f"{failure.exc_type}: {failure.message}", failure.traceback)
+        self._worker = future.result()
         if on_status:
             on_status(0, "ready")
 
@@ -104,39 +110,40 @@ class UniExecutor(Executor):
         timeout: float | None = None,
     ) -> list[Any]:
         encoded = encode_method(method)  # a callable goes through cloudpickle here too
-        with self._lock:
-            if self._broken is not None:
-                raise self._broken
-            if self._closed:
-                raise RuntimeError("this executor was shut down; launch a new one")
-            future = self._submit(
-                lambda: call(self._worker, encoded, tuple(args), dict(kwargs or {}))
-            )
-            try:
-                result = future.result(timeout)
-            except FutureTimeout:
-                self._broken = RpcTimeoutError(method_label(method), [0], timeout or 0.0)
-                self._closed = True
-                self._jobs.put(None)
-                raise self._broken from None
-            except Exception as exc:
-                raise_first_failure({0: Failure.current(exc)})
-            return [result]
+        with self._rpc_lock:
+            with self._state_lock:
+                if self._closed_because is not None:
+                    raise RuntimeError(
+                        f"this executor was shut down ({self._closed_because}); launch a new one"
+                    )
+                worker = self._worker
+                assert worker is not None
+                future = self._submit(
+                    lambda: call(worker, encoded, tuple(args), dict(kwargs or {}))
+                )
+            if not wait([future], timeout).done:
+                label = method_label(method)
+                self._close(f"collective_rpc {label!r} timed out", wait_for_worker=False)
+                raise RpcTimeoutError(label, [0], timeout or 0.0)
+            error = future.exception()
+            if error is not None:
+                raise_first_failure({0: Failure.current(error)})
+            return [future.result()]
 
     def check_health(self) -> None:
         self.collective_rpc("ping", timeout=30.0)
 
     def shutdown(self) -> None:
-        with self._lock:
-            if self._closed:
+        self._close("shutdown() was called")
+
+    def _close(self, reason: str, *, wait_for_worker: bool = True) -> None:
+        """Queue the worker's shutdown behind whatever runs now, then end the thread."""
+        with self._state_lock:
+            if self._closed_because is not None:
                 return
-            self._closed = True
-        worker = getattr(self, "_worker", None)
-        if worker is not None:
-            done = self._submit(worker.shutdown)
-            try:
-                done.result(30.0)
-            except Exception:
-                pass
+            self._closed_because = reason
+            worker = self._worker
+        done = self._submit(worker.shutdown) if worker is not None else None
         self._jobs.put(None)
-        self._thread.join(5.0)
+        if wait_for_worker and done is not None and wait([done], SHUTDOWN_WAIT).done:
+            self._thread.join(SHUTDOWN_WAIT)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hwlaunch import Worker
 
 
@@ -12,15 +14,5 @@ class CUDAWorker(Worker):
         torch.cuda.set_device(self.local_rank)
         self.device = torch.device("cuda", self.local_rank)
 
-    def init_distributed(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            return
-        dist.init_process_group(
-            backend=self.plan.dist_backend,
-            init_method=f"tcp://{self.master_addr}:{self.master_port}",
-            rank=self.rank,
-            world_size=self.world_size,
-            device_id=self.device,
-        )
+    def process_group_options(self) -> dict[str, Any]:
+        return {"device_id": self.device}  # eager NCCL init, bound to this worker's GPU

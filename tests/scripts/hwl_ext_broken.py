@@ -1,0 +1,20 @@
+"""A worker extension module that fails at import, once every worker has left its pid.
+
+The pids let the test check that every worker that was started is gone afterwards; waiting for
+all of them makes sure that each one got this far before the launch fails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+markers = Path(os.environ["HWL_TEST_MARKERS"])
+(markers / f"pid-{os.getpid()}").touch()
+deadline = time.monotonic() + 60
+while len(list(markers.glob("pid-*"))) < int(os.environ.get("WORLD_SIZE", "1")):
+    if time.monotonic() > deadline:
+        break
+    time.sleep(0.005)
+raise RuntimeError("hwl_ext_broken fails at import on purpose")
