@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from hwlaunch import mainguard
 from hwlaunch.mainguard import MainGuard, detect_main_guard, line_is_guarded
 
