@@ -7,6 +7,7 @@ and verify the tokens against the same model run in a single process.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -165,7 +166,7 @@ def run_job(
         t0 = time.perf_counter()
         reference = reference_outputs(executor, plan, model, prompts, max_new_tokens)
         timings["reference_s"] = time.perf_counter() - t0
-        nodes = getattr(executor, "nodes", None)
+        nodes = [dataclasses.asdict(n) for n in getattr(executor, "nodes", [])] or None
     timings["total_s"] = time.perf_counter() - started
     matches = [o["token_ids"] for o in outputs] == [r["token_ids"] for r in reference]
     return {
@@ -194,8 +195,11 @@ def render(result: dict[str, Any]) -> str:
         "tokens match a single-process run: "
         + ("yes" if result["matches_single_process"] else "NO")
     )
-    if result.get("nodes"):
-        lines.append(f"nodes per rank: {result['nodes']}")
+    for node in result.get("nodes") or []:
+        lines.append(
+            f"rank {node['rank']}: node {node['node_id'][:12]} ({node['node_ip']}), "
+            f"local rank {node['local_rank']}, pid {node['pid']}"
+        )
     t = result["timings"]
     lines.append(
         f"time to ready {t['time_to_ready_s']:.2f}s, rpc latency {t['rpc_latency_ms_median']:.2f}"

@@ -138,3 +138,40 @@ config = transformers.LlamaConfig(vocab_size=6, hidden_size=32, intermediate_siz
     bos_token_id=0, eos_token_id=0)
 transformers.LlamaForCausalLM(config).save_pretrained(out)
 """
+
+
+@pytest.mark.ray
+def test_run_on_ray_reports_each_rank_node_on_loopback(tmp_path: Path) -> None:
+    # No RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER here: hwlaunch's own local instance must still bind
+    # to 127.0.0.1, and hwlaunch must shut it down when the job ends.
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("HWLAUNCH_") and k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hwlaunch.cli",
+            "run",
+            "--executor",
+            "ray",
+            "--json",
+            "--max-new-tokens",
+            "2",
+            "--prompt",
+            "hi",
+        ],
+        cwd=tmp_path,
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["plan"]["executor"] == "ray"
+    assert result["allreduce_ok"] and result["matches_single_process"]
+    assert [n["rank"] for n in result["nodes"]] == [0, 1]
+    assert {n["node_ip"] for n in result["nodes"]} == {"127.0.0.1"}

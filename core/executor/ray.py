@@ -28,6 +28,7 @@ import importlib
 import os
 import re
 import socket
+import sys
 import threading
 import time
 import weakref
@@ -62,8 +63,18 @@ SHUTDOWN_GRACE = 5.0
 INLINE_ARGS_LIMIT = 100 * 1024
 
 
-def import_ray() -> Any:
-    """The ``ray`` module, or an error that says how to install it."""
+LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def import_ray(*, loopback: bool = False) -> Any:
+    """The ``ray`` module, or an error that says how to install it.
+
+    With ``loopback`` (hwlaunch may start a private local instance), ``LOOPBACK_VAR=0`` is set
+    unless the user set it: Ray reads it once, at import, and without it replaces a node address
+    of 127.0.0.1 by the machine's routable one, exposing the instance on the network.
+    """
+    if loopback and "ray" not in sys.modules:
+        os.environ.setdefault(LOOPBACK_VAR, "0")
     try:
         return importlib.import_module("ray")
     except ImportError as exc:
@@ -121,6 +132,12 @@ def connect(ray: Any, plan: Plan, warnings: list[str]) -> bool:
                 "include_dashboard": False,
                 "_node_ip_address": "127.0.0.1",
             }
+            if os.environ.get(LOOPBACK_VAR) != "0":
+                warnings.append(
+                    f"the local Ray instance may bind to this machine's network address: Ray "
+                    f"was imported before hwlaunch could set {LOOPBACK_VAR}=0. Set it before "
+                    "importing ray to keep the instance on 127.0.0.1"
+                )
         try:
             if plan.ray_address:
                 probe_address(plan.ray_address)
@@ -272,9 +289,15 @@ class RankActor:
         """Where this actor runs, the devices Ray gave it, and (rank 0) a rendezvous port."""
         ray = import_ray()
         context = ray.get_runtime_context()
-        ip = ray.util.get_node_ip_address()
+        node_id = context.get_node_id()
+        # The address the node was started with (127.0.0.1 for hwlaunch's local instance), not
+        # get_node_ip_address(), which answers with the machine's routable address.
+        ip = next(
+            (n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
+            ray.util.get_node_ip_address(),
+        )
         return {
-            "node_id": context.get_node_id(),
+            "node_id": node_id,
             "node_ip": ip,
             "pid": os.getpid(),
             "device_ids": [str(i) for i in context.get_accelerator_ids().get(resource, [])],
@@ -396,7 +419,7 @@ class RayExecutor(Executor):
         self.warnings: list[str] = []
         self._rpc_lock = threading.Lock()
         extension = encode_extension(worker_extension)
-        ray = import_ray()
+        ray = import_ray(loopback=plan.ray_address is None)
         self._group = _ActorGroup(ray, connect(ray, plan, self.warnings))
         self._finalizer = weakref.finalize(self, self._group.shutdown)
         # Registered after Ray's own exit hook, so it runs before Ray disconnects.
