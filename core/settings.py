@@ -139,11 +139,23 @@ class ConfigFile:
     backend_tables: dict[str, str] = field(default_factory=dict)
 
 
-_KEY_PART = r"""(?:"[^"]*"|'[^']*'|[A-Za-z0-9_-]+)"""
+_KEY_PART = r"""(?:"(?:[^"\\\n]|\\.)*"|'[^'\n]*'|[A-Za-z0-9_-]+)"""
+
+
+def _key_part(token: str) -> str:
+    """One key as TOML reads it: basic strings decode their escapes, literal strings do not."""
+    if token.startswith('"'):
+        try:
+            return str(tomllib.loads(f"k = {token}")["k"])
+        except tomllib.TOMLDecodeError:
+            return token.strip('"')
+    if token.startswith("'"):
+        return token[1:-1]
+    return token
 
 
 def _key_path(text: str) -> tuple[str, ...]:
-    return tuple(p.strip("\"'") for p in re.findall(_KEY_PART, text))
+    return tuple(_key_part(p) for p in re.findall(_KEY_PART, text))
 
 
 class _LineFinder:
@@ -155,14 +167,15 @@ class _LineFinder:
     ancestor that is.
     """
 
-    _HEADER = re.compile(r"^\s*\[\[?\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
+    _HEADER = re.compile(rf"^\s*\[\[?\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*\]\]?\s*(#.*)?$")
     _KEY = re.compile(rf"^\s*({_KEY_PART}(?:\s*\.\s*{_KEY_PART})*)\s*=")
 
     def __init__(self, text: str, label: str) -> None:
         self.label = label
         self.defined: list[tuple[tuple[str, ...], int]] = []
         current: tuple[str, ...] = ()
-        for number, line in enumerate(text.splitlines(), start=1):
+        # TOML breaks lines at LF only; str.splitlines() would also break at U+0085/U+2028.
+        for number, line in enumerate(text.split("\n"), start=1):
             header = self._HEADER.match(line)
             if header:
                 current = _key_path(header.group(1))

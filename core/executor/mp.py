@@ -173,6 +173,10 @@ class _WorkerGroup:
             deadline = time.monotonic() + SHUTDOWN_GRACE
             for process in self.processes:
                 process.join(max(0.0, deadline - time.monotonic()))
+        if self.death_w is not None:
+            # EOF on the death pipe ends a worker even while its main thread is stuck in native
+            # code (a rendezvous, a collective) where its Python SIGTERM handler cannot run.
+            self.death_w.close()
         for step in ("terminate", "kill"):
             alive = [p for p in self.processes if p.exitcode is None]
             if not alive:

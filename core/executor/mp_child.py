@@ -20,17 +20,28 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
+import psutil
+
 from hwlaunch.plan import Plan
 from hwlaunch.worker_runtime import Failure, call, dumps, loads, start_worker
 
 PR_SET_PDEATHSIG = 1
 
 
-def _end_process_tree(code: int) -> None:
-    """Stop this worker's own children (compile pools, DataLoader workers), then exit now."""
-    try:
-        import psutil
+_exiting = threading.Lock()
 
+
+def _end_process_tree(code: int) -> None:
+    """Stop this worker's own children (compile pools, DataLoader workers), then exit now.
+
+    Runs from the death-pipe thread or the SIGTERM handler, whichever comes first; the other
+    returns at once. Re-entering (a second SIGTERM interrupting the first handler) could
+    otherwise deadlock on locks the first call holds, leaving a worker behind its dead parent.
+    psutil is imported at module level for the same reason: no import lock is taken here.
+    """
+    if not _exiting.acquire(blocking=False):
+        return
+    try:
         children = psutil.Process().children(recursive=True)
         for child in children:
             child.kill()

@@ -1,0 +1,127 @@
+"""200 launch/RPC/shutdown cycles in one parent leak no process, descriptor, thread or shm entry.
+
+The cycles mix what a long-lived parent (a server that restarts its engine) does: mostly fork
+without a process group (fast, so that 200 fit in CI), every tenth with the gloo process group
+and an all-reduce, some with forkserver and two with spawn (each spawn worker imports torch, a
+few seconds on a small machine). Resources are measured three times: before the first launch,
+after a warm-up of ten cycles and after the last cycle. From warm-up to the end nothing may grow
+at all; from the start, the only growth allowed is multiprocessing's own per-parent helpers, the
+fork server and the resource tracker (one process and one descriptor each, started once).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from multiprocessing import forkserver, resource_tracker
+
+import psutil
+import pytest
+import torch  # noqa: F401  imported before forking, as a real parent does: fork workers share it
+
+import hwlaunch
+from hwlaunch.executor.mp import MultiprocExecutor
+
+pytestmark = pytest.mark.slow
+
+CYCLES = 200
+WARM_UP = 10
+WORLD_SIZE = 2
+
+
+def schedule() -> list[tuple[str, bool]]:
+    """(start method, init_distributed) for each cycle."""
+    cycles = [("fork", i % 10 == 5) for i in range(CYCLES)]
+    for i in range(100, 108):
+        cycles[i] = ("forkserver", i == 104)
+    for i in (150, 151):
+        cycles[i] = ("spawn", False)
+    return cycles
+
+
+@dataclass(frozen=True)
+class Resources:
+    children: frozenset[int]
+    fds: frozenset[int]
+    threads: int
+    os_threads: int
+    shm: frozenset[str]
+
+    @classmethod
+    def now(cls) -> Resources:
+        me = psutil.Process()
+        return cls(
+            children=frozenset(p.pid for p in me.children(recursive=True)),
+            fds=frozenset(int(fd) for fd in os.listdir("/proc/self/fd")),
+            threads=threading.active_count(),
+            os_threads=me.num_threads(),
+            shm=frozenset(os.listdir("/dev/shm")),
+        )
+
+    def without(self, pids: set[int], fds: set[int]) -> Resources:
+        return Resources(
+            self.children - pids, self.fds - fds, self.threads, self.os_threads, self.shm
+        )
+
+    def grew_from(self, earlier: Resources) -> list[str]:
+        """What there is more of than ``earlier`` (a thread that ended meanwhile is no leak)."""
+        grown = [
+            f"{name}: {sorted(getattr(self, name) - getattr(earlier, name))}"
+            for name in ("children", "fds", "shm")
+            if getattr(self, name) - getattr(earlier, name)
+        ]
+        grown += [
+            f"{name}: {getattr(earlier, name)} -> {getattr(self, name)}"
+            for name in ("threads", "os_threads")
+            if getattr(self, name) > getattr(earlier, name)
+        ]
+        return grown
+
+
+def multiprocessing_helpers() -> tuple[set[int], set[int]]:
+    """The fork server's and resource tracker's pids, and the descriptors this process keeps
+    to them: per-parent singletons of the standard library, started once, never per launch."""
+    pids: set[int] = set()
+    fds: set[int] = set()
+    for helper, pid_attr, fd_attr in (
+        (forkserver._forkserver, "_forkserver_pid", "_forkserver_alive_fd"),
+        (resource_tracker._resource_tracker, "_pid", "_fd"),
+    ):
+        pid, fd = getattr(helper, pid_attr, None), getattr(helper, fd_attr, None)
+        if isinstance(pid, int) and isinstance(fd, int):
+            pids.add(pid)
+            fds.add(fd)
+    return pids, fds
+
+
+def cycle(method: str, init_distributed: bool) -> None:
+    plan = hwlaunch.resolve(
+        backend="cpu", world_size=WORLD_SIZE, executor="mp", start_method=method
+    )
+    executor = hwlaunch.launch(plan, init_distributed=init_distributed)
+    assert isinstance(executor, MultiprocExecutor)
+    with executor:
+        pids = executor.collective_rpc("ping", timeout=120)
+        assert pids == executor.pids and len(set(pids)) == WORLD_SIZE
+        if init_distributed:
+            assert executor.collective_rpc("all_reduce_rank", timeout=120) == [1, 1]
+    alive = [pid for pid in pids if psutil.pid_exists(pid)]
+    assert not alive, f"cycle {method}: workers {alive} outlived shutdown"
+
+
+def test_200_cycles_leak_nothing(clean_env: object) -> None:
+    before = Resources.now()
+    plan = schedule()
+    for number, (method, init_distributed) in enumerate(plan):
+        if number == WARM_UP:
+            warm = Resources.now()
+        cycle(method, init_distributed)
+    after = Resources.now()
+    helper_pids, helper_fds = multiprocessing_helpers()
+    report = f"before={before}\nwarm={warm}\nafter={after}\nhelpers={helper_pids} {helper_fds}"
+    steady = after.without(helper_pids, helper_fds)
+    assert not steady.grew_from(warm.without(helper_pids, helper_fds)), report
+    assert not steady.grew_from(before.without(helper_pids, helper_fds)), report
+    assert len(helper_pids - before.children) <= 2, report  # fork server + tracker, once
+    assert {m for m, _ in plan} == {"fork", "forkserver", "spawn"}
