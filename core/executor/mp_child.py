@@ -115,6 +115,7 @@ def worker_main(
     except BaseException as exc:
         conn.send_bytes(pickle.dumps(("startup_error", Failure.current(exc))))
         _end_process_tree(1)
+        os._exit(1)  # reached only when the death-pipe thread is already ending the process
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     serve(worker, conn)
 
