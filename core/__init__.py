@@ -1,11 +1,11 @@
 """hwlaunch: decide how to start accelerator workers, explain why, and drive them safely.
 
-``import hwlaunch`` stays cheap (no torch, no Ray): executors and workers load on first use.
+``import hwlaunch`` stays cheap (no torch, no Ray, not even pluggy or the resolver): only the
+error classes load with the package; everything else loads on first use, so a program that
+imports hwlaunch (or a worker process that unpickles one of its functions) pays for what it uses.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from hwlaunch.errors import (
     BackendUnavailableError,
@@ -19,19 +19,32 @@ from hwlaunch.errors import (
     WorkerError,
     WorkerStartupError,
 )
-from hwlaunch.hookspecs import Register, hookimpl
-from hwlaunch.plan import Decision, Plan
-from hwlaunch.resolver import resolve
-from hwlaunch.spec import START_METHODS, BackendSpec, StartMethodRule
 
+# Not ``from typing import TYPE_CHECKING``: typing alone costs more to import than the rest of
+# this module, and mypy takes any name TYPE_CHECKING to be true.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any
+
     from hwlaunch.executor import Executor
+    from hwlaunch.hookspecs import Register, hookimpl
     from hwlaunch.launcher import launch
+    from hwlaunch.plan import Decision, Plan
+    from hwlaunch.resolver import resolve
+    from hwlaunch.spec import START_METHODS, BackendSpec, StartMethodRule
     from hwlaunch.worker import Worker
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "START_METHODS": "hwlaunch.spec",
+    "BackendSpec": "hwlaunch.spec",
+    "StartMethodRule": "hwlaunch.spec",
+    "Register": "hwlaunch.hookspecs",
+    "hookimpl": "hwlaunch.hookspecs",
+    "Decision": "hwlaunch.plan",
+    "Plan": "hwlaunch.plan",
+    "resolve": "hwlaunch.resolver",
     "launch": "hwlaunch.launcher",
     "Executor": "hwlaunch.executor",
     "Worker": "hwlaunch.worker",
@@ -62,8 +75,12 @@ __all__ = [
 ]
 
 
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
 def __getattr__(name: str) -> Any:
-    """Load the executor side of the API on first use, keeping ``import hwlaunch`` light."""
+    """Load the rest of the API on first use, keeping ``import hwlaunch`` light."""
     if name in _LAZY:
         import importlib
 

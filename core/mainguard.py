@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import itertools
 import linecache
 import os
+import re
 import sys
 import threading
 import tokenize
@@ -60,8 +62,10 @@ def detect_main_guard() -> MainGuard:
 def line_is_guarded(source: str, lineno: int) -> bool | None:
     """Whether line ``lineno`` of ``source`` lies in the body of a module-level main guard.
 
-    ``None`` when the source cannot be parsed. Only a plain ``__name__ == "__main__"`` test (either
-    order) counts; ``elif``/``else`` branches and compound tests are not trusted (conservative).
+    ``None`` when the source cannot be parsed (the bodies of top-level functions and classes are
+    skipped, so a syntax error inside one may go unnoticed). Only a plain ``__name__ ==
+    "__main__"`` test (either order) counts; ``elif``/``else`` branches and compound tests are not
+    trusted (conservative).
     """
     try:
         spans, _ = _analyse(source)
@@ -72,9 +76,18 @@ def line_is_guarded(source: str, lineno: int) -> bool | None:
 
 def _detect() -> MainGuard:
     frames = _main_module_frames(_main_thread_frame())
-    for frame in frames:
+    for index, frame in enumerate(frames):
         own_file = frame.f_globals.get("__file__")
         if _is_file(own_file) and _same_path(own_file, frame.f_code.co_filename):
+            # exec(compile(src, __file__, "exec")) nests a <module> frame under the same file
+            # name, with line numbers of the string: the outermost frame of such a run is the
+            # file's own line.
+            while (
+                index + 1 < len(frames)
+                and frames[index + 1].f_code.co_filename == frame.f_code.co_filename
+            ):
+                index += 1
+                frame = frames[index]
             return _check(frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     if not _is_file(main_file):
@@ -164,8 +177,113 @@ def _analyse_file(filename: str, mtime_ns: int, size: int) -> tuple[_Spans, int]
 
 
 def _analyse(source: str) -> tuple[_Spans, int]:
-    """Line spans of main-guard bodies, and the number of lines (to notice an edited file)."""
-    return tuple(_guard_bodies(ast.parse(source).body)), source.count("\n") + 1
+    """Line spans of main-guard bodies, and the number of lines (to notice an edited file).
+
+    Parsing a whole 5,000-line script costs tens of milliseconds, nearly all of it in the
+    bodies of top-level functions and classes, where a module-level guard cannot be. So the
+    source is parsed with those statements blanked out (line numbers unchanged) when a lexical
+    scan can find them exactly; on any doubt, or a parse error, the whole source is parsed.
+    """
+    nlines = source.count("\n") + 1
+    outline = _module_outline(source)
+    if outline is not None:
+        try:
+            return tuple(_guard_bodies(ast.parse(outline).body)), nlines
+        except (SyntaxError, ValueError, RecursionError):
+            pass  # the whole source decides: the same answer, or the genuine error
+    return tuple(_guard_bodies(ast.parse(source).body)), nlines
+
+
+# Comments, and complete string literals from their opening quote (a prefix never changes where
+# a literal ends); then a lone quote, which opens no literal the scan models, so it gives up.
+_LITERALS = re.compile(
+    r"""
+      \#[^\r\n]*
+    | '''[^'\\]*(?:(?:\\[\s\S]|'(?!''))[^'\\]*)*'''
+    | \"\"\"[^"\\]*(?:(?:\\[\s\S]|"(?!""))[^"\\]*)*\"\"\"
+    | '[^'\\\r\n]*(?:\\(?:\r\n|[\s\S])[^'\\\r\n]*)*'
+    | "[^"\\\r\n]*(?:\\(?:\r\n|[\s\S])[^"\\\r\n]*)*"
+    | ' | "
+    """,
+    re.VERBOSE,
+)
+_LINE_START = re.compile(r"^[^ \t\r\n]", re.MULTILINE)
+_CLAUSE = re.compile(r"(?:elif|else|except|finally)\b")
+_DEF_OR_CLASS = re.compile(r"(?:def|class)\b|async[ \t]+def\b|@")
+# From Python 3.12 an f-string may nest quotes of its own kind (f"{d["k"]}"): the scan then
+# ends the literal early, which shows as an unbalanced replacement field.
+_NESTED_FSTRINGS = sys.version_info >= (3, 12)
+
+
+def _module_outline(source: str) -> str | None:
+    """``source`` with every top-level ``def``/``class`` (decorators included) blanked, or None.
+
+    A top-level statement starts on a line whose first character is code (not a space, a
+    comment or the inside of a string literal), outside brackets and not after a backslash
+    continuation; ``elif``/``else``/``except``/``finally`` there continue the statement before.
+    Blanking whole top-level functions and classes leaves every other line, and its number, as
+    it was, so the guards found are those of the whole source. None when the scan meets what it
+    does not model exactly (a form feed, a lone carriage return, a NUL, an unterminated literal,
+    from 3.12 an f-string that nests quotes): the caller then parses everything.
+    """
+    if "\f" in source or "\0" in source or "\r" in source.replace("\r\n", ""):
+        return None
+    pieces: list[str] = []
+    end = 0
+    for match in _LITERALS.finditer(source):
+        text = match.group()
+        if text in ("'", '"'):
+            return None
+        pieces.append(source[end : match.start()])
+        end = match.end()
+        if text[0] == "#":
+            continue  # a comment disappears
+        if _NESTED_FSTRINGS and not _literal_ends_here(source, match.start(), text):
+            return None
+        # A literal becomes a space; one spanning lines keeps its line breaks, and the space
+        # keeps the code after its end from looking like the start of a line.
+        pieces.append("\n" * text.count("\n") + " ")
+    pieces.append(source[end:])
+    code = "".join(pieces)
+    lines = source.split("\n")
+    if code.count("\n") != len(lines) - 1:
+        return None
+    starts: list[int] = []
+    depth = number = last = 0
+    for match in _LINE_START.finditer(code):
+        at = match.start()
+        depth += _bracket_balance(code, last, at)
+        number += code.count("\n", last, at)
+        last = at
+        if depth < 0:
+            return None
+        if depth or code[max(at - 3, 0) : at].rstrip("\r\n").endswith("\\"):
+            continue  # inside brackets, or after a backslash continuation
+        if code[at] in ")]}":
+            return None
+        if not _CLAUSE.match(code, at):
+            starts.append(number)
+    if depth + _bracket_balance(code, last, len(code)) != 0:
+        return None
+    starts.append(len(lines))
+    for first, after in itertools.pairwise(starts):
+        if _DEF_OR_CLASS.match(lines[first]):
+            lines[first:after] = [""] * (after - first)
+    return "\n".join(lines)
+
+
+def _bracket_balance(code: str, start: int, end: int) -> int:
+    """Brackets opened minus brackets closed in ``code[start:end]``."""
+    opened = code.count("(", start, end) + code.count("[", start, end) + code.count("{", start, end)
+    closed = code.count(")", start, end) + code.count("]", start, end) + code.count("}", start, end)
+    return opened - closed
+
+
+def _literal_ends_here(source: str, start: int, text: str) -> bool:
+    """Whether Python 3.12+ ends this literal where the scan did (not an f-string nesting)."""
+    if "f" not in source[max(start - 2, 0) : start].lower():
+        return True
+    return text.count("{") == text.count("}")
 
 
 def _guard_bodies(nodes: Iterable[ast.AST]) -> Iterator[tuple[int, int]]:

@@ -230,6 +230,39 @@ class _Decider:
             f"--start-method {rule.default} or remove the setting"
         )
 
+    def fallback(self, spec: BackendSpec, offered: tuple[str, ...], unsafe: str) -> tuple[str, str]:
+        """The method used when fork is unsafe, and why that one: the rule's fallback, else the
+        first other allowed method, among those the OS offers."""
+        rule = spec.start_methods
+        ranked = [rule.fallback] if rule.fallback else []
+        ranked += [m for m in rule.allowed if m != "fork" and m not in ranked]
+        usable = [m for m in ranked if m in offered]
+        if not usable:
+            raise StartMethodError(
+                f"fork cannot be used: {unsafe}, and backend {spec.name} allows no other start "
+                f"method this OS offers{self.facts.mark('start_methods')} (allowed: "
+                f"{', '.join(rule.allowed)}; offered: {', '.join(offered)})"
+            )
+        method = usable[0]
+        if method == rule.fallback:
+            why = f"the fallback of backend {spec.name}"
+        else:
+            why = (
+                f"the rule's fallback {rule.fallback!r} is not offered by this OS"
+                f"{self.facts.mark('start_methods')}"
+                if rule.fallback
+                else f"backend {spec.name} names no fallback"
+            )
+        if method == "forkserver":
+            how = (
+                f"a fork server, started fresh, imports {', '.join(preload_of(spec))} once and "
+                f"each worker is forked from it, so workers start fast and none inherits the "
+                f"{spec.name} state of this process"
+            )
+        else:
+            how = "each worker starts a fresh interpreter and imports everything itself"
+        return method, f"{why}; {how}"
+
     def start_method(self, spec: BackendSpec, executor: str) -> str | None:
         if executor != "mp":
             ignored = self.overrides.lookup("start_method", spec.name)
@@ -302,13 +335,13 @@ class _Decider:
                 f"{self.facts.mark('start_methods')} (offered: {', '.join(offered)})"
             )
         if method == "fork" and unsafe is not None:
-            method = rule.fallback or next(m for m in rule.allowed if m != "fork")
+            method, why = self.fallback(spec, offered, unsafe)
             source = (
                 self.fact(f"{spec.name}.initialized")
                 if rule.fork_unsafe_after_init and self.facts.devices[spec.name].initialized
                 else self.fact("in_ray_actor")
             )
-            reason = f"fork is unsafe: {unsafe}; using {method} instead"
+            reason = f"fork is unsafe: {unsafe}; using {method} instead: {why}"
             self.warnings.append(f"using start method {method!r} instead of fork: {unsafe}")
         if method != "fork" and guard.status == "unguarded":
             fork_ok = "fork" in rule.allowed and "fork" in offered and unsafe is None
@@ -380,9 +413,7 @@ class _Decider:
         env = self.env(spec)
         preload: tuple[str, ...] = ()
         if method == "forkserver":
-            preload = tuple(
-                dict.fromkeys((*spec.start_methods.preload, spec.worker.partition(":")[0]))
-            )
+            preload = preload_of(spec)
             self.note(
                 "preload",
                 list(preload),
@@ -439,6 +470,11 @@ class _Decider:
                     sources.append(layer.source)
         self.note("env", env, " < ".join(sources) or "none", "extra environment for workers")
         return env
+
+
+def preload_of(spec: BackendSpec) -> tuple[str, ...]:
+    """What the fork server imports for this backend: the rule's modules, then the worker's."""
+    return tuple(dict.fromkeys((*spec.start_methods.preload, spec.worker.partition(":")[0])))
 
 
 def decide(

@@ -85,9 +85,9 @@ def test_resolve_table_for_people(clean_env: Path) -> None:
                  "cuda.device_count=2", "--assume", "main_guard=guarded")  # fmt: skip
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    for word in ("backend", "executor", "start_method", "spawn", "fact: cuda.initialized"):
+    for word in ("backend", "executor", "start_method", "forkserver", "fact: cuda.initialized"):
         assert word in out
-    assert "warning: using start method 'spawn' instead of fork" in out
+    assert "warning: using start method 'forkserver' instead of fork" in out
     assert "(assumed)" in out
 
 

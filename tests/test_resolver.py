@@ -165,10 +165,10 @@ ROWS = [
         },
     ),
     Row(
-        "cuda initialized: fork is unsafe, fall back to spawn with a warning saying why",
+        "cuda initialized: fork is unsafe, fall back to forkserver with a warning saying why",
         make_facts({"cuda": (2, True)}),
         flags(world_size=2),
-        {"start_method": "spawn"},
+        {"start_method": "forkserver", "preload": ("torch", "hwlaunch.plugins.cuda.worker")},
         {"start_method": "fact: cuda.initialized"},
         ("instead of fork: cuda is already initialized",),
     ),
@@ -180,10 +180,10 @@ ROWS = [
         {"start_method": "--start-method"},
     ),
     Row(
-        "cuda inside a Ray actor: fork is unsafe, fall back to spawn",
+        "cuda inside a Ray actor: fork is unsafe, fall back to forkserver",
         make_facts({"cuda": (2, False)}, in_ray_actor=True),
         flags(world_size=2),
-        {"start_method": "spawn"},
+        {"start_method": "forkserver"},
         {"start_method": "fact: in_ray_actor"},
         ("Ray actor",),
     ),
@@ -375,7 +375,7 @@ BAD = [
             "'fork' from --start-method cannot work",
             "cuda is already initialized",
             "Cannot re-initialize CUDA in forked subprocess",
-            "Fix: use start method 'spawn'",
+            "Fix: use start method 'forkserver'",
         ),
     ),
     Bad(
@@ -454,11 +454,11 @@ BAD = [
         ("/work/train.py:7", "rule of backend xpu", "backend xpu does not allow it"),
     ),
     Bad(
-        "cuda initialized with an unguarded main: fork is unsafe and spawn needs the guard",
+        "cuda initialized with an unguarded main: fork is unsafe and forkserver needs the guard",
         make_facts({"cuda": (2, True)}, main_guard="unguarded"),
         flags(world_size=2),
         MissingMainGuardError,
-        ("'spawn' (from fact: cuda.initialized)", "cuda is already initialized"),
+        ("'forkserver' (from fact: cuda.initialized)", "cuda is already initialized"),
     ),
     Bad(
         "only spawn offered with an unguarded main",
@@ -557,8 +557,8 @@ GUARDED = {"main_guard": "guarded", "daemonic": False, "in_ray_actor": False}
         pytest.param(
             {"world_size": 2},
             {"cuda.available": True, "cuda.device_count": 2, "cuda.initialized": True},
-            {"backend": "cuda", "start_method": "spawn"},
-            id="cuda-initialized-spawn",
+            {"backend": "cuda", "start_method": "forkserver"},
+            id="cuda-initialized-forkserver",
         ),
         pytest.param(
             {"world_size": 4},
@@ -619,7 +619,7 @@ def test_resolve_cuda_initialized_warns_why() -> None:
     plan = hwlaunch.resolve(
         world_size=2, assume={**GUARDED, "cuda.initialized": True, "cuda.device_count": 2}
     )
-    assert plan.start_method == "spawn"
+    assert plan.start_method == "forkserver"
     assert plan.decision("start_method").source == "fact: cuda.initialized (assumed)"
     assert any("cuda is already initialized in this process (assumed)" in w for w in plan.warnings)
 
@@ -713,7 +713,7 @@ def test_plan_to_dict_is_json_with_documented_keys() -> None:
     data = json.loads(json.dumps(plan.to_dict()))
     assert set(data) >= PLAN_KEYS
     assert data["backend"] == "cuda"
-    assert data["start_method"] == "spawn"
+    assert data["start_method"] == "forkserver"
     assert data["warnings"] == list(plan.warnings) != []
     assert [d["setting"] for d in data["decisions"]][:5] == [
         "backend",

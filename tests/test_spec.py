@@ -126,5 +126,5 @@ def test_builtin_plugins_register_valid_specs() -> None:
     assert by_name["hpu"].start_methods.default == "spawn"
     assert by_name["hpu"].start_methods.fork_warning
     assert by_name["cuda"].start_methods.fork_unsafe_after_init
-    assert by_name["cuda"].start_methods.fallback == "spawn"
+    assert by_name["cuda"].start_methods.fallback == "forkserver"
     assert by_name["cpu"].start_methods.fork_unsafe_after_init is False
