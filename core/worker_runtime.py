@@ -124,6 +124,25 @@ def call(worker: Worker, method: str | bytes, args: tuple[Any, ...], kwargs: dic
     return target(*args, **kwargs)
 
 
+def answer(worker: Worker | None, payload: bytes, *prefix: Any) -> bytes:
+    """Run one encoded request on the worker and encode the reply ``(*prefix, ok, value)``.
+
+    An exception from the call, and a result that cannot be pickled, come back as a Failure
+    (the caller's WorkerError), so the channel always carries an answer.
+    """
+    try:
+        if worker is None:
+            raise RuntimeError("the worker did not start")
+        method, args, kwargs = loads(payload)
+        reply: tuple[Any, ...] = (*prefix, True, call(worker, method, args, kwargs))
+    except Exception as exc:
+        reply = (*prefix, False, Failure.current(exc))
+    try:
+        return dumps(reply)
+    except Exception as exc:
+        return dumps((*prefix, False, Failure.current(exc)))
+
+
 def dumps(obj: Any) -> bytes:
     """Plain pickle (fast) for data; cloudpickle for what plain pickle cannot take by value."""
     try:

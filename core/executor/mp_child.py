@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from hwlaunch.plan import Plan
-from hwlaunch.worker_runtime import Failure, call, dumps, loads, start_worker
+from hwlaunch.worker_runtime import Failure, answer, start_worker
 
 PR_SET_PDEATHSIG = 1
 
@@ -133,13 +133,4 @@ def serve(worker: Any, conn: Connection) -> None:
             finally:
                 conn.send_bytes(pickle.dumps((rpc_id, True, None)))
             break
-        try:
-            method, args, kwargs = loads(payload)
-            reply: tuple[int, bool, Any] = (rpc_id, True, call(worker, method, args, kwargs))
-        except Exception as exc:
-            reply = (rpc_id, False, Failure.current(exc))
-        try:
-            data = dumps(reply)
-        except Exception as exc:
-            data = dumps((rpc_id, False, Failure.current(exc)))
-        conn.send_bytes(data)
+        conn.send_bytes(answer(worker, payload, rpc_id))

@@ -47,7 +47,7 @@ from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 from hwlaunch.worker_runtime import (
     Failure,
-    call,
+    answer,
     dumps,
     encode_extension,
     encode_method,
@@ -334,16 +334,7 @@ class RankActor:
     def call(self, payload: bytes) -> bytes:
         """One RPC: ``(ok, result or Failure)``, pickled here so an unpicklable result is a
         WorkerError, as under the mp executor."""
-        try:
-            method, args, kwargs = loads(payload)
-            assert self.worker is not None, "the worker did not start"
-            reply: tuple[bool, Any] = (True, call(self.worker, method, args, kwargs))
-        except Exception as exc:
-            reply = (False, Failure.current(exc))
-        try:
-            return dumps(reply)
-        except Exception as exc:
-            return dumps((False, Failure.current(exc)))
+        return answer(self.worker, payload)
 
     def stop(self) -> None:
         if self.worker is not None:
