@@ -197,15 +197,21 @@ class _Decider:
             )
         return None
 
-    def guard_error(self, method: str, source: str, spec: BackendSpec) -> MissingMainGuardError:
-        guard = self.facts.main_guard
-        where = f"{guard.file}:{guard.line}" if guard.file else "the main script"
-        fork_ok = (
+    def fork_usable(self, spec: BackendSpec) -> bool:
+        """Allowed by the backend, offered by the OS, and safe right now."""
+        return (
             "fork" in spec.start_methods.allowed
             and "fork" in self.facts.os_start_methods
             and self.fork_unsafe(spec) is None
         )
-        if fork_ok:
+
+    def guard_location(self) -> str:
+        guard = self.facts.main_guard
+        return f"{guard.file}:{guard.line}" if guard.file else "the main script"
+
+    def guard_error(self, method: str, source: str, spec: BackendSpec) -> MissingMainGuardError:
+        where = self.guard_location()
+        if self.fork_usable(spec):
             alternative = f", or use start method 'fork' (allowed by backend {spec.name})"
         elif "fork" not in spec.start_methods.allowed:
             alternative = f" (fork is not an option: backend {spec.name} does not allow it)"
@@ -344,10 +350,9 @@ class _Decider:
             reason = f"fork is unsafe: {unsafe}; using {method} instead: {why}"
             self.warnings.append(f"using start method {method!r} instead of fork: {unsafe}")
         if method != "fork" and guard.status == "unguarded":
-            fork_ok = "fork" in rule.allowed and "fork" in offered and unsafe is None
-            if not fork_ok:
+            if not self.fork_usable(spec):
                 raise self.guard_error(method, source, spec)
-            where = f"{guard.file}:{guard.line}" if guard.file else "the main script"
+            where = self.guard_location()
             self.warnings.append(
                 f'{where} launches at module level without an `if __name__ == "__main__":` '
                 f"guard, so {method} would re-import it in every worker; using fork instead. "
