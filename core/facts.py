@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from hwlaunch.errors import ConfigError
+from hwlaunch.launchers import LAUNCHERS, NO_LAUNCHER, LauncherInfo, detect_launcher, launcher_of
 from hwlaunch.mainguard import MainGuard, MainGuardStatus, detect_main_guard
 from hwlaunch.settings import did_you_mean
 from hwlaunch.spec import START_METHODS, BackendSpec
@@ -25,6 +26,7 @@ GLOBAL_KEYS = (
     "ray_initialized",
     "in_ray_actor",
     "start_methods",
+    "launcher",
 )
 DEVICE_KEYS = ("available", "device_count", "initialized")
 
@@ -46,6 +48,7 @@ class RuntimeFacts:
     daemonic: bool
     ray_initialized: bool
     in_ray_actor: bool
+    launcher: LauncherInfo = NO_LAUNCHER
     assumed: frozenset[str] = field(default_factory=frozenset)
 
     def mark(self, key: str) -> str:
@@ -73,6 +76,7 @@ class RuntimeFacts:
             "daemonic": self.daemonic,
             "ray_initialized": self.ray_initialized,
             "in_ray_actor": self.in_ray_actor,
+            "launcher": self.launcher.to_dict(),
             "assumed": sorted(self.assumed),
         }
 
@@ -115,6 +119,7 @@ def gather_facts(specs: Mapping[str, BackendSpec]) -> RuntimeFacts:
         daemonic=bool(multiprocessing.current_process().daemon),
         ray_initialized=ray_initialized,
         in_ray_actor=in_actor,
+        launcher=detect_launcher(),
     )
 
 
@@ -231,6 +236,15 @@ def apply_assumptions(
                     f"separated list of {', '.join(START_METHODS)}"
                 )
             changes["os_start_methods"] = methods
+        elif key == "launcher":
+            name = str(raw).strip()
+            if name not in LAUNCHERS:
+                raise ConfigError(
+                    f"invalid value {raw!r} for launcher from {where}"
+                    f"{did_you_mean(name, LAUNCHERS)} (allowed: {', '.join(LAUNCHERS)})"
+                )
+            # What this launcher's variables say here, if any: a what-if for another machine.
+            changes["launcher"] = replace(launcher_of(cast(Any, name)), evidence=where)
         elif key in GLOBAL_KEYS:
             changes[key] = _bool(key, raw, where)
         else:

@@ -69,4 +69,8 @@ def _start(
 
         ray_executor: Executor = RayExecutor(plan, worker_extension, **options)
         return ray_executor
+    if plan.executor == "external":
+        from hwlaunch.executor.external import ExternalExecutor
+
+        return ExternalExecutor(plan, worker_extension, **options)
     raise ValueError(f"unknown executor {plan.executor!r} in plan")

@@ -115,6 +115,66 @@ class _Decider:
         self.note(name, value.value, value.source, reason)
         return value
 
+    # -- launcher ------------------------------------------------------------------------
+    def adopts_launcher(self, spec: BackendSpec) -> bool:
+        """A launcher started this process and the user chose no other executor."""
+        chosen = self.overrides.lookup("executor", spec.name)
+        if chosen is not None and chosen.value == "external" and not self.facts.launcher.detected:
+            raise ConfigError(
+                f"executor 'external' from {chosen.source} adopts the ranks that torchrun, srun "
+                "or mpirun started, but none of them started this process"
+                f"{self.facts.mark('launcher')} (no TORCHELASTIC_RUN_ID, SLURM_PROCID with "
+                "SLURM_STEP_NUM_TASKS, OMPI_COMM_WORLD_RANK or PMI_RANK). Fix: start the program "
+                "under one of them, choose executor 'uni', 'mp' or 'ray', or see the plan with "
+                "--assume launcher=torchrun"
+            )
+        return self.facts.launcher.detected and (chosen is None or chosen.value == "external")
+
+    def from_launcher(self, name: str, backend: str) -> Sourced[int]:
+        """World size or node count as the launcher gives it; a user value must agree."""
+        info = self.facts.launcher
+        given = getattr(info, name)
+        if given is None:  # an assumed launcher whose variables are not set here
+            return self.size(name, backend)
+        found = self.overrides.lookup(name, backend)
+        if (
+            found is not None
+            and found is not self.overrides.defaults.get(name)
+            and found.value != given.value
+        ):
+            raise ConfigError(
+                f"{name} {found.value} (from {found.source}) disagrees with the {info.launcher} "
+                f"launcher's {name} {given.value} (from {given.source}): {info.launcher} "
+                f"started the ranks already. Fix: remove {found.source}, or start "
+                f"{info.launcher} with {name} {found.value}"
+            )
+        value = Sourced(int(given.value), given.source + self.facts.mark("launcher"))
+        self.note(name, value.value, value.source, f"set by {info.launcher}")
+        return value
+
+    def launcher_decisions(self) -> None:
+        """This process's rank and the rendezvous address, each with its source."""
+        info = self.facts.launcher
+        mark = self.facts.mark("launcher")
+        for name, reason in (
+            ("rank", "this process is this rank of the job"),
+            ("local_rank", "this rank's device on its node"),
+            ("master_addr", "rendezvous address of the process group"),
+            ("master_port", "rendezvous port of the process group"),
+        ):
+            found = getattr(info, name)
+            if found is not None:
+                self.note(name, found.value, found.source + mark, reason)
+            else:
+                self.note(name, None, f"not set{mark}", f"{reason}: unknown here")
+        if info.missing:
+            self.warnings.append(
+                f"{' and '.join(info.missing)} not set and not derivable for launcher "
+                f"{info.launcher}: the external executor needs them to join the process group. "
+                f"Fix: set them for every rank (e.g. mpirun -x MASTER_ADDR=<host of rank 0> "
+                "-x MASTER_PORT=29500)"
+            )
+
     # -- executor ------------------------------------------------------------------------
     def executor(self, spec: BackendSpec, world: Sourced[int], nodes: Sourced[int]) -> str:
         if nodes.value > world.value:
@@ -283,9 +343,10 @@ class _Decider:
                 "start_method",
                 None,
                 "rule",
-                f"not used: the {executor} executor starts no local processes"
-                if executor == "uni"
-                else "not used: Ray starts the worker processes",
+                {
+                    "uni": "not used: the uni executor starts no local processes",
+                    "external": "not used: the launcher started the processes",
+                }.get(executor, "not used: Ray starts the worker processes"),
             )
             return None
         if self.facts.daemonic:
@@ -390,9 +451,30 @@ class _Decider:
     def plan(self) -> Plan:
         self.check_backend_tables()
         spec = self.backend()
-        world = self.size("world_size", spec.name)
-        nodes = self.size("nnodes", spec.name)
-        executor = self.executor(spec, world, nodes)
+        if self.adopts_launcher(spec):
+            info = self.facts.launcher
+            self.note(
+                "launcher",
+                info.launcher,
+                info.evidence + self.facts.mark("launcher"),
+                "something else started this process as one rank of the job",
+            )
+            world = self.from_launcher("world_size", spec.name)
+            nodes = self.from_launcher("nnodes", spec.name)
+            executor = str(
+                self.note(
+                    "executor",
+                    "external",
+                    f"fact: launcher {info.launcher}{self.facts.mark('launcher')}",
+                    f"{info.launcher} started the ranks: this process becomes its own rank's "
+                    "worker, hwlaunch starts no process",
+                )
+            )
+            self.launcher_decisions()
+        else:
+            world = self.size("world_size", spec.name)
+            nodes = self.size("nnodes", spec.name)
+            executor = self.executor(spec, world, nodes)
         method = self.start_method(spec, executor)
         self.note(
             "dist_backend",

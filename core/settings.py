@@ -26,7 +26,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 T = TypeVar("T")
 
-EXECUTORS = ("uni", "mp", "ray")
+EXECUTORS = ("uni", "mp", "ray", "external")
 ENV_VARS: dict[str, str] = {
     "backend": "HWLAUNCH_BACKEND",
     "executor": "HWLAUNCH_EXECUTOR",
