@@ -168,10 +168,11 @@ class _Decider:
             else:
                 self.note(name, None, f"not set{mark}", f"{reason}: unknown here")
         if info.missing:
+            them = "them" if len(info.missing) > 1 else "it"
             self.warnings.append(
                 f"{' and '.join(info.missing)} not set and not derivable for launcher "
-                f"{info.launcher}: the external executor needs them to join the process group. "
-                f"Fix: set them for every rank (e.g. mpirun -x MASTER_ADDR=<host of rank 0> "
+                f"{info.launcher}: the ranks need {them} to meet in a process group. Fix: set "
+                f"{them} for every rank (e.g. mpirun -x MASTER_ADDR=<host of rank 0> "
                 "-x MASTER_PORT=29500)"
             )
 
