@@ -7,7 +7,7 @@ import shutil
 
 import click
 
-from hwlaunch.run_job import DEFAULT_PROMPTS, check, print_err, render, run_job
+from hwlaunch.run_job import DEFAULT_PROMPTS, check, print_err, render, run_job, this_rank
 from hwlaunch.settings import Sourced
 
 RUN_SOURCES = {
@@ -47,7 +47,10 @@ def run(
     plan = resolve_with_sources(
         flags, RUN_SOURCES, config=config_file, config_source="--config", defaults=RUN_DEFAULTS
     )
-    if not as_json:
+    reports = this_rank(plan) == 0  # under torchrun, srun or mpirun: rank 0 reports
+    if not reports:
+        pass
+    elif not as_json:
         click.echo(plan.explain(width=shutil.get_terminal_size((120, 24)).columns), nl=False)
     else:
         for warning in plan.warnings:
@@ -59,5 +62,6 @@ def run(
         max_new_tokens=max_new_tokens,
         quiet=as_json,
     )
-    click.echo(json.dumps(result, indent=2) if as_json else render(result))
+    if reports:
+        click.echo(json.dumps(result, indent=2) if as_json else render(result))
     check(result)

@@ -11,7 +11,7 @@ import dataclasses
 import statistics
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -109,6 +109,30 @@ def merge(parts: list[list[Any]], world_size: int) -> list[Any]:
     return [parts[i % world_size][i // world_size] for i in range(total)]
 
 
+def this_rank(plan: Plan) -> int:
+    """The rank this process is: 0 (the driver) unless a launcher started it as one rank."""
+    return int(plan.decision("rank").value) if plan.executor == "external" else 0
+
+
+def every_rank(executor: Any, fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> list[Any]:
+    """``fn(worker, *args)`` on every rank, results in rank order, in every process.
+
+    Under the external executor each process is one rank and ``collective_rpc`` returns its
+    own result only: the ranks exchange theirs over the process group.
+    """
+    if executor.plan.executor != "external":
+        return list(executor.collective_rpc(fn, args=args))
+    return list(executor.collective_rpc(_all_gathered, args=(fn, args))[0])
+
+
+def _all_gathered(worker: Any, fn: Callable[..., Any], args: tuple[Any, ...]) -> list[Any]:
+    import torch.distributed as dist
+
+    gathered: list[Any] = [None] * worker.world_size
+    dist.all_gather_object(gathered, fn(worker, *args))
+    return gathered
+
+
 def reference_outputs(
     executor: Any, plan: Plan, model: str | None, prompts: list[str], max_new_tokens: int
 ) -> list[dict[str, Any]]:
@@ -121,7 +145,7 @@ def reference_outputs(
     def rank0_all(worker: Any, prompts: list[str], k: int) -> Any:
         return worker.generate(prompts, k) if worker.rank == 0 else None
 
-    return list(executor.collective_rpc(rank0_all, args=(prompts, max_new_tokens))[0])
+    return list(every_rank(executor, rank0_all, (prompts, max_new_tokens))[0])
 
 
 def run_job(
@@ -130,7 +154,8 @@ def run_job(
     from hwlaunch.launcher import launch
 
     timings: dict[str, float] = {}
-    progress = Progress(plan.world_size, quiet)
+    rank = this_rank(plan)  # under a launcher, every rank runs this; rank 0 reports
+    progress = Progress(plan.world_size, quiet or rank != 0)
     started = time.perf_counter()
     with (
         progress.shown(),
@@ -144,7 +169,7 @@ def run_job(
             latencies.append(time.perf_counter() - t0)
         timings["rpc_latency_ms_median"] = statistics.median(latencies) * 1000
         t0 = time.perf_counter()
-        sums = executor.collective_rpc("all_reduce_rank")
+        sums = every_rank(executor, lambda w: w.all_reduce_rank())
         timings["allreduce_s"] = time.perf_counter() - t0
         expected = plan.world_size * (plan.world_size - 1) // 2
         allreduce_ok = all(s == expected for s in sums)
@@ -154,9 +179,10 @@ def run_job(
         timings["load_model_s"] = time.perf_counter() - t0
         progress.all("model loaded")
         t0 = time.perf_counter()
-        parts = executor.collective_rpc(
+        parts = every_rank(
+            executor,
             lambda w, shares, k: w.generate(shares[w.rank], k),
-            args=(split(prompts, plan.world_size), max_new_tokens),
+            (split(prompts, plan.world_size), max_new_tokens),
         )
         timings["generate_s"] = time.perf_counter() - t0
         progress.all("generated")
@@ -164,12 +190,20 @@ def run_job(
         for index, output in enumerate(outputs):
             output["rank"] = index % plan.world_size
         t0 = time.perf_counter()
-        reference = reference_outputs(executor, plan, model, prompts, max_new_tokens)
+        # Rank 0 checks the tokens; the other ranks of an external job do their share only.
+        reference = (
+            reference_outputs(executor, plan, model, prompts, max_new_tokens)
+            if rank == 0 or plan.backend != "cpu"
+            else None
+        )
         timings["reference_s"] = time.perf_counter() - t0
         nodes = [dataclasses.asdict(n) for n in getattr(executor, "nodes", [])] or None
     timings["total_s"] = time.perf_counter() - started
-    matches = [o["token_ids"] for o in outputs] == [r["token_ids"] for r in reference]
+    matches = reference is None or [o["token_ids"] for o in outputs] == [
+        r["token_ids"] for r in reference
+    ]
     return {
+        "rank": rank,
         "plan": plan.to_dict(),
         "model": names[0],
         "allreduce_ok": allreduce_ok,

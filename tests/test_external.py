@@ -76,3 +76,28 @@ def test_user_world_size_that_disagrees_with_torchrun_is_an_error(tmp_path: Path
         "world_size 3 (from resolve(world_size=)) disagrees with the torchrun launcher's "
         "world_size 2 (from env: WORLD_SIZE (torchrun))"
     ) in proc.stderr
+
+
+def test_hwlaunch_run_under_torchrun(tmp_path: Path) -> None:
+    """Each rank generates its share; rank 0 alone reports, with the all-reduce and token check."""
+    proc = torchrun("-m", "hwlaunch.cli", "run", "--json", "--max-new-tokens", "3", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)  # one JSON object: rank 1 prints nothing
+    assert result["rank"] == 0
+    plan = result["plan"]
+    assert (plan["executor"], plan["world_size"]) == ("external", 2)
+    assert decision(plan, "world_size")["source"] == "env: WORLD_SIZE (torchrun)"
+    assert result["allreduce_ok"] is True
+    assert result["allreduce"]["got"] == [1, 1]  # gathered from both ranks
+    assert [o["rank"] for o in result["outputs"]] == [0, 1, 0, 1]
+    assert result["matches_single_process"] is True
+
+
+def test_hwlaunch_console_script_under_torchrun(tmp_path: Path) -> None:
+    script = Path(sys.executable).with_name("hwlaunch")
+    proc = torchrun(
+        "--no-python", str(script), "run", "--max-new-tokens", "2", "--prompt", "hi", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("tokens match a single-process run: yes") == 1
+    assert "all-reduce of rank ids: [1, 1]" in proc.stdout
