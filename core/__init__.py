@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from hwlaunch.executor import Executor
-    from hwlaunch.hookspecs import Register, hookimpl
+    from hwlaunch.executor_spec import ExecutorSpec
+    from hwlaunch.hookspecs import Register, RegisterExecutor, hookimpl
     from hwlaunch.launcher import launch
     from hwlaunch.plan import Decision, Plan
     from hwlaunch.resolver import resolve
@@ -41,6 +42,8 @@ _LAZY = {
     "BackendSpec": "hwlaunch.spec",
     "StartMethodRule": "hwlaunch.spec",
     "Register": "hwlaunch.hookspecs",
+    "RegisterExecutor": "hwlaunch.hookspecs",
+    "ExecutorSpec": "hwlaunch.executor_spec",
     "hookimpl": "hwlaunch.hookspecs",
     "Decision": "hwlaunch.plan",
     "Plan": "hwlaunch.plan",
@@ -57,11 +60,13 @@ __all__ = [
     "ConfigError",
     "Decision",
     "Executor",
+    "ExecutorSpec",
     "HwlaunchError",
     "MissingMainGuardError",
     "Plan",
     "PluginError",
     "Register",
+    "RegisterExecutor",
     "RpcTimeoutError",
     "StartMethodError",
     "StartMethodRule",

@@ -34,7 +34,12 @@ def plan_options(func: Any) -> Any:
     options = [
         click.option("--backend", metavar="NAME", help="Backend name (see `hwlaunch backends`)."),
         click.option("--nnodes", metavar="N", help="Number of nodes (more than 1 means Ray)."),
-        click.option("--executor", metavar="uni|mp|ray", help="How workers are started."),
+        click.option(
+            "--executor",
+            metavar="NAME",
+            help="How workers are started: uni, mp, ray, external or a plugin's "
+            "(`hwlaunch backends --verbose`).",
+        ),
         click.option(
             "--start-method",
             metavar="fork|spawn|forkserver",
@@ -115,9 +120,28 @@ def plugin_rows(registry: Registry) -> list[dict[str, Any]]:
             "version": p.version,
             "hooks": list(p.hooks),
             "backends": list(p.backends),
+            "executors": list(p.executors),
             "error": p.error,
         }
         for p in registry.plugins
+    ]
+
+
+def executor_rows(registry: Registry) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": name,
+            "plugin": entry.plugin.name,
+            "distribution": entry.plugin.distribution,
+            "version": entry.plugin.version,
+            "executor": entry.spec.executor,
+            "description": entry.spec.description,
+            "max_world_size": entry.spec.max_world_size,
+            "max_nodes": entry.spec.max_nodes,
+            "start_method": entry.spec.start_method,
+            "needs_launcher": entry.spec.needs_launcher,
+        }
+        for name, entry in registry.executors.items()
     ]
 
 
@@ -132,13 +156,23 @@ def cli(ctx: click.Context, debug: bool) -> None:
 
 @cli.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option("--verbose", "-v", is_flag=True, help="Also list each plugin's module and hooks.")
+@click.option(
+    "--verbose", "-v", is_flag=True, help="Also list the executors, and each plugin's hooks."
+)
 def backends(as_json: bool, verbose: bool) -> None:
     """List the registered backends, their rules and probes, and plugins that failed."""
     registry = default_registry()
     rows = backend_rows(registry)
     if as_json:
-        payload: Any = {"backends": rows, "plugins": plugin_rows(registry)} if verbose else rows
+        payload: Any = (
+            {
+                "backends": rows,
+                "executors": executor_rows(registry),
+                "plugins": plugin_rows(registry),
+            }
+            if verbose
+            else rows
+        )
         click.echo(json.dumps(payload, indent=2))
         return
     from rich.console import Console
@@ -176,10 +210,29 @@ def backends(as_json: bool, verbose: bool) -> None:
     console.print(table, markup=False)
     console.print("[default start method in brackets]", markup=False)
     if verbose:
+        executors = Table(title="hwlaunch executors", title_justify="left")
+        for column in ("executor", "plugin", "class", "limits", "description"):
+            executors.add_column(column, overflow="fold")
+        for e in executor_rows(registry):
+            limits = [
+                f"max {e['max_world_size']} workers" if e["max_world_size"] else "",
+                f"max {e['max_nodes']} node(s)" if e["max_nodes"] else "",
+                "start method" if e["start_method"] else "",
+                "needs a launcher" if e["needs_launcher"] else "",
+            ]
+            executors.add_row(
+                e["name"],
+                f"{e['plugin']} ({e['distribution']} {e['version']})",
+                e["executor"],
+                ", ".join(x for x in limits if x) or "-",
+                e["description"],
+            )
+        console.print(executors, markup=False)
         for p in plugin_rows(registry):
             console.print(
                 f"plugin {p['name']}: module {p['module']}, {p['distribution']} {p['version']}, "
                 f"hooks: {', '.join(p['hooks']) or '-'}, backends: {', '.join(p['backends']) or '-'}"
+                f", executors: {', '.join(p['executors']) or '-'}"
                 + (f", FAILED: {p['error']}" if p["error"] else ""),
                 markup=False,
                 soft_wrap=True,

@@ -25,7 +25,7 @@ RUN_DEFAULTS = {"world_size": Sourced(2, "hwlaunch run default")}
 @click.option("--backend", metavar="NAME", help="Backend name (default: auto-detect).")
 @click.option("--world-size", "-n", metavar="N", help="Number of workers (default: 2).")
 @click.option("--nnodes", metavar="N", help="Number of nodes (more than 1 means Ray).")
-@click.option("--executor", metavar="uni|mp|ray", help="How workers are started.")
+@click.option("--executor", metavar="NAME", help="uni, mp, ray, external or a plugin's.")
 @click.option("--start-method", metavar="fork|spawn|forkserver", help="For the mp executor.")
 @click.option("--ray-address", metavar="ADDR", help="Ray cluster to join (executor ray).")
 @click.option("--config", "config_file", metavar="FILE", help="Config file.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from hwlaunch.errors import PluginError
 from hwlaunch.executor.base import Executor, StatusCallback
 from hwlaunch.plan import Plan
 
@@ -53,24 +54,43 @@ def _start(
     startup_timeout: float | None,
     on_status: StatusCallback | None,
 ) -> Executor:
-    options: dict[str, Any] = dict(
-        init_distributed=init_distributed, startup_timeout=startup_timeout, on_status=on_status
+    """Construct the plan's executor, found by name among the registered ones."""
+    cls = executor_class(plan.executor)
+    executor: Executor = cls(
+        plan,
+        worker_extension,
+        init_distributed=init_distributed,
+        startup_timeout=startup_timeout,
+        on_status=on_status,
     )
-    if plan.executor == "uni":
-        from hwlaunch.executor.uni import UniExecutor
+    return executor
 
-        return UniExecutor(plan, worker_extension, **options)
-    if plan.executor == "mp":
-        from hwlaunch.executor.mp import MultiprocExecutor
 
-        return MultiprocExecutor(plan, worker_extension, **options)
-    if plan.executor == "ray":
-        from hwlaunch.executor.ray import RayExecutor
+def executor_class(name: str) -> Any:
+    """The class an executor plugin registered under ``name``, imported now.
 
-        ray_executor: Executor = RayExecutor(plan, worker_extension, **options)
-        return ray_executor
-    if plan.executor == "external":
-        from hwlaunch.executor.external import ExternalExecutor
+    An executor whose class cannot be imported, or is no ``hwlaunch.Executor``, fails with a
+    PluginError naming the executor, its plugin and the import path, never a bare ImportError.
+    """
+    from hwlaunch.registry import default_registry, unknown_name_message
+    from hwlaunch.worker_runtime import import_object
 
-        return ExternalExecutor(plan, worker_extension, **options)
-    raise ValueError(f"unknown executor {plan.executor!r} in plan")
+    registry = default_registry()
+    entry = registry.executors.get(name)
+    if entry is None:
+        failed = "; ".join(f"{p.describe()} failed to load: {p.error}" for p in registry.failures)
+        raise PluginError(
+            f"{unknown_name_message('executor', name, registry.executors)} in the plan"
+            + (f" ({failed})" if failed else "")
+        )
+    where = f"executor {name!r} of {entry.plugin.describe()} ({entry.spec.executor})"
+    try:
+        cls = import_object(entry.spec.executor)
+    except Exception as exc:
+        raise PluginError(
+            f"{where} cannot be imported: {type(exc).__name__}: {exc}. Fix: reinstall "
+            f"{entry.plugin.distribution or 'the plugin'}, or choose another executor"
+        ) from exc
+    if not (isinstance(cls, type) and issubclass(cls, Executor)):
+        raise PluginError(f"{where} is not a subclass of hwlaunch.Executor")
+    return cls

@@ -1,9 +1,9 @@
-"""The backend registry: entry points in, validated BackendSpecs out.
+"""The registry: entry points in, validated BackendSpecs and ExecutorSpecs out.
 
 Every plugin, built-in or third-party, is found through the entry-point group
 ``hwlaunch.backends`` and loaded in isolation: an import error, an exception (even SystemExit)
-in its module or its hook, a missing hook, an invalid spec, or a backend name or entry-point name
-that another plugin already took marks that plugin as failed (with the reason) and never breaks
+in its module or its hooks, no hook at all, an invalid spec, or a backend, executor or
+entry-point name that another plugin already took marks that plugin as failed (with the reason) and never breaks
 the others, unless ``HWLAUNCH_STRICT_PLUGINS=1`` asks for errors.
 """
 
@@ -16,11 +16,13 @@ import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
+from typing import Any
 
 import pluggy
 
 from hwlaunch import hookspecs
 from hwlaunch.errors import BackendUnavailableError, PluginError
+from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.spec import BackendSpec
 
 OWN_DISTRIBUTION = "hwlaunch"
@@ -40,6 +42,7 @@ class PluginRecord:
     backends: tuple[str, ...] = ()
     hooks: tuple[str, ...] = ()
     error: str | None = None
+    executors: tuple[str, ...] = ()
 
     @property
     def builtin(self) -> bool:
@@ -58,17 +61,28 @@ class RegisteredBackend:
     plugin: PluginRecord
 
 
+@dataclass(frozen=True)
+class RegisteredExecutor:
+    spec: ExecutorSpec
+    plugin: PluginRecord
+
+
 @dataclass
 class Registry:
-    """Backends by name, plus a record of every plugin considered (loaded or failed)."""
+    """Backends and executors by name, plus every plugin considered (loaded or failed)."""
 
     backends: dict[str, RegisteredBackend] = field(default_factory=dict)
+    executors: dict[str, RegisteredExecutor] = field(default_factory=dict)
     plugins: list[PluginRecord] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
 
     @property
     def specs(self) -> dict[str, BackendSpec]:
         return {name: b.spec for name, b in self.backends.items()}
+
+    @property
+    def executor_specs(self) -> dict[str, ExecutorSpec]:
+        return {name: e.spec for name, e in self.executors.items()}
 
     @property
     def failures(self) -> list[PluginRecord]:
@@ -165,52 +179,79 @@ def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Regist
     except BaseException as exc:  # a plugin must never break the registry, not even sys.exit()
         return _failed(base, f"cannot load {ep.value!r}: {_one_line(exc)}")
     hooks = tuple(sorted(h.name for h in manager.get_hookcallers(plugin) or []))
-    impls = [
-        impl
-        for impl in manager.hook.hwlaunch_register_backends.get_hookimpls()
-        if impl.plugin is plugin
-    ]
-    if not impls:
+    if not set(hooks) & set(HOOKS):
         manager.unregister(plugin)
         return _failed(base, _no_hook_message(ep, hooks), hooks)
-    collected: list[BackendSpec] = []
-
-    def register(spec: BackendSpec) -> None:
-        if not isinstance(spec, BackendSpec):
-            raise PluginError(f"register() takes a hwlaunch.BackendSpec, got {type(spec).__name__}")
-        collected.append(spec)
-
-    arguments: dict[str, object] = {"register": register}
-    try:
-        for impl in impls:  # called as pluggy would: each argument the hookimpl names
-            impl.function(*(arguments[name] for name in impl.argnames))
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # sys.exit() inside a hook fails the plugin, not the caller
-        manager.unregister(plugin)
-        return _failed(base, f"hwlaunch_register_backends raised {_one_line(exc)}", hooks)
-    clash = _find_clash(collected, registry, base)
+    collected: dict[str, list[Any]] = {}
+    for hook, kind in HOOKS.items():
+        try:
+            collected[hook] = _call_hook(manager, plugin, hook, kind)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # sys.exit() inside a hook fails the plugin, not the caller
+            manager.unregister(plugin)
+            return _failed(base, f"{hook} raised {_one_line(exc)}", hooks)
+    backends: list[BackendSpec] = collected["hwlaunch_register_backends"]
+    executors: list[ExecutorSpec] = collected["hwlaunch_register_executors"]
+    clash = _find_clash("backend", backends, registry.backends, base) or _find_clash(
+        "executor", executors, registry.executors, base
+    )
     if clash is not None:
         manager.unregister(plugin)
         return _failed(base, clash, hooks)
-    names = tuple(spec.name for spec in collected)
-    record = PluginRecord(**{**base.__dict__, "backends": names, "hooks": hooks})
-    for spec in collected:
+    record = PluginRecord(
+        **{
+            **base.__dict__,
+            "backends": tuple(spec.name for spec in backends),
+            "executors": tuple(spec.name for spec in executors),
+            "hooks": hooks,
+        }
+    )
+    for spec in backends:
         registry.backends[spec.name] = RegisteredBackend(spec=spec, plugin=record)
+    for executor in executors:
+        registry.executors[executor.name] = RegisteredExecutor(spec=executor, plugin=record)
     return record
 
 
+HOOKS: dict[str, type] = {
+    "hwlaunch_register_backends": BackendSpec,
+    "hwlaunch_register_executors": ExecutorSpec,
+}
+
+
+def _call_hook(manager: pluggy.PluginManager, plugin: object, hook: str, kind: type) -> list[Any]:
+    """Call ``plugin``'s implementation of ``hook`` alone; the specs it registered."""
+    collected: list[Any] = []
+
+    def register(spec: object) -> None:
+        if not isinstance(spec, kind):
+            raise PluginError(
+                f"register() takes a hwlaunch.{kind.__name__}, got {type(spec).__name__}"
+            )
+        collected.append(spec)
+
+    arguments: dict[str, object] = {"register": register}
+    for impl in getattr(manager.hook, hook).get_hookimpls():
+        if impl.plugin is plugin:  # called as pluggy would: each argument the hookimpl names
+            impl.function(*(arguments[name] for name in impl.argnames))
+    return collected
+
+
 def _find_clash(
-    collected: list[BackendSpec], registry: Registry, record: PluginRecord
+    kind: str,
+    collected: list[BackendSpec] | list[ExecutorSpec],
+    taken: Mapping[str, RegisteredBackend | RegisteredExecutor],
+    record: PluginRecord,
 ) -> str | None:
     names = [spec.name for spec in collected]
     for name in names:
         if names.count(name) > 1:
-            return f"registers backend {name!r} twice"
-        if name in registry.backends:
-            owner = registry.backends[name].plugin
+            return f"registers {kind} {name!r} twice"
+        if name in taken:
+            owner = taken[name].plugin
             return (
-                f"backend name {name!r} is already registered by {owner.describe()}, loaded "
+                f"{kind} name {name!r} is already registered by {owner.describe()}, loaded "
                 f"first; {record.describe()} cannot register it too. To keep {owner.name!r}: "
                 f"{ENV_BLOCK}={record.name}; to use {record.name!r} instead: {ENV_BLOCK}={owner.name}"
             )
@@ -219,11 +260,13 @@ def _find_clash(
 
 def _no_hook_message(ep: EntryPoint, hooks: tuple[str, ...]) -> str:
     spec_name = "hwlaunch_register_backends"
-    close = difflib.get_close_matches(spec_name, hooks, n=1)
-    found = f" (it has {close[0]!r}: a misspelling?)" if close else ""
+    close = [m for h in hooks for m in difflib.get_close_matches(h, list(HOOKS), n=1)]
+    wrong = [h for h in hooks if h not in HOOKS and difflib.get_close_matches(h, list(HOOKS), n=1)]
+    found = f" (it has {wrong[0]!r}: a misspelling of {close[0]!r}?)" if wrong else ""
     return (
         f"{ep.value!r} implements no {spec_name} hook{found}; define "
-        f"`{spec_name}(register)` decorated with @hwlaunch.hookimpl"
+        f"`{spec_name}(register)` or `hwlaunch_register_executors(register)` decorated with "
+        "@hwlaunch.hookimpl"
     )
 
 

@@ -17,6 +17,7 @@ from hwlaunch.errors import (
     MissingMainGuardError,
     StartMethodError,
 )
+from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.plan import Decision, Plan
 from hwlaunch.registry import Registry, default_registry, unknown_name_message
@@ -46,8 +47,10 @@ class _Decider:
         facts: RuntimeFacts,
         overrides: Overrides,
         plugin_problems: Iterable[str],
+        executors: Mapping[str, ExecutorSpec],
     ) -> None:
         self.specs = specs
+        self.executors = executors
         self.facts = facts
         self.overrides = overrides
         self.decisions: list[Decision] = []
@@ -116,19 +119,46 @@ class _Decider:
         return value
 
     # -- launcher ------------------------------------------------------------------------
-    def adopts_launcher(self, spec: BackendSpec) -> bool:
-        """A launcher started this process and the user chose no other executor."""
-        chosen = self.overrides.lookup("executor", spec.name)
-        if chosen is not None and chosen.value == "external" and not self.facts.launcher.detected:
+    def chosen_executor(self, backend: str) -> tuple[Sourced[str], ExecutorSpec] | None:
+        """The executor the user chose, checked against the registered ones."""
+        chosen = self.overrides.lookup("executor", backend)
+        return None if chosen is None else (chosen, self.executors[chosen.value])
+
+    def check_executor_names(self) -> None:
+        """Every executor named anywhere (flag, env, config file, any backend table) is a
+        registered one: a typo in a table for another machine's backend fails here too."""
+        named = [self.overrides.lookup("executor")]
+        if self.overrides.config is not None:
+            named += [table.get("executor") for table in self.overrides.config.backends.values()]
+        for found in named:
+            if found is not None and found.value not in self.executors:
+                names = list(self.executors)
+                raise ConfigError(
+                    f"invalid executor {found.value!r} from {found.source}"
+                    f"{did_you_mean(found.value, names)} (allowed: {', '.join(names) or 'none'}; "
+                    "`hwlaunch backends --verbose` lists them with their plugins, and any plugin "
+                    "that failed to load)"
+                )
+
+    def adopts_launcher(self, spec: BackendSpec) -> str | None:
+        """The executor that adopts the launcher's ranks, when a launcher started this process
+        and the user chose no executor (or one that adopts a launcher's ranks)."""
+        found = self.chosen_executor(spec.name)
+        if found is not None and not found[1].needs_launcher:
+            return None
+        if found is not None and not self.facts.launcher.detected:
+            chosen = found[0]
             raise ConfigError(
-                f"executor 'external' from {chosen.source} adopts the ranks that torchrun, srun "
+                f"executor {chosen.value!r} from {chosen.source} adopts the ranks that torchrun, srun "
                 "or mpirun started, but none of them started this process"
                 f"{self.facts.mark('launcher')} (no TORCHELASTIC_RUN_ID, SLURM_PROCID with "
                 "SLURM_STEP_NUM_TASKS, OMPI_COMM_WORLD_RANK or PMI_RANK). Fix: start the program "
                 "under one of them, choose executor 'uni', 'mp' or 'ray', or see the plan with "
                 "--assume launcher=torchrun"
             )
-        return self.facts.launcher.detected and (chosen is None or chosen.value == "external")
+        if not self.facts.launcher.detected:
+            return None
+        return found[0].value if found is not None else "external"
 
     def from_launcher(self, name: str, backend: str) -> Sourced[int]:
         """World size or node count as the launcher gives it; a user value must agree."""
@@ -185,25 +215,30 @@ class _Decider:
             )
         device = self.facts.devices[spec.name]
         count_fact = f"{spec.name}.device_count"
-        chosen = self.overrides.lookup("executor", spec.name)
-        if chosen is not None:
-            if chosen.value == "uni" and world.value > 1:
+        found = self.chosen_executor(spec.name)
+        if found is not None:
+            chosen, executor = found
+            limit, node_limit = executor.max_world_size, executor.max_nodes
+            what = f"executor {chosen.value!r} from {chosen.source}"
+            if limit is not None and world.value > limit:
                 raise ConfigError(
-                    f"executor 'uni' from {chosen.source} runs one in-process worker, but "
-                    f"world_size is {world.value} (from {world.source}). Fix: use executor "
-                    "'mp' (one node) or 'ray', or world_size 1"
+                    f"{what} runs at most {limit} worker{'s' if limit > 1 else ''} "
+                    f"({executor.description}), but world_size is {world.value} (from "
+                    f"{world.source}). Fix: use {self.alternatives(world.value, 1)}, or "
+                    f"world_size {limit}"
                 )
-            if chosen.value in ("uni", "mp") and nodes.value > 1:
+            if node_limit is not None and nodes.value > node_limit:
+                where = "one node" if node_limit == 1 else f"at most {node_limit} nodes"
                 raise ConfigError(
-                    f"executor {chosen.value!r} from {chosen.source} runs on one node, but "
-                    f"nnodes is {nodes.value} (from {nodes.source}). Fix: use executor 'ray'"
+                    f"{what} runs on {where}, but nnodes is {nodes.value} (from {nodes.source}). "
+                    f"Fix: use {self.alternatives(world.value, nodes.value)}"
                 )
-            if chosen.value == "mp" and spec.is_accelerator and world.value > device.device_count:
+            if node_limit == 1 and spec.is_accelerator and world.value > device.device_count:
                 raise ConfigError(
-                    f"executor 'mp' from {chosen.source} binds one {spec.name} device per worker, "
+                    f"{what} binds one {spec.name} device per worker, "
                     f"but world_size {world.value} (from {world.source}) exceeds the "
                     f"{device.device_count} local devices{self.facts.mark(count_fact)}. Fix: use "
-                    f"executor 'ray' or world_size <= {device.device_count}"
+                    f"{self.alternatives(world.value, 2)} or world_size <= {device.device_count}"
                 )
             return str(self.note("executor", chosen.value, chosen.source, "requested"))
         if nodes.value > 1:
@@ -241,6 +276,17 @@ class _Decider:
                 f"world size {world.value} fits on {where}: local processes",
             )
         )
+
+    def alternatives(self, world: int, nodes: int) -> str:
+        """ "executor 'ray'": the registered executors that run this many workers and nodes."""
+        fits = [
+            name
+            for name, e in self.executors.items()
+            if not e.needs_launcher
+            and (e.max_world_size is None or e.max_world_size >= world)
+            and (e.max_nodes is None or e.max_nodes >= nodes)
+        ]
+        return " or ".join(f"executor {name!r}" for name in fits) or "another executor"
 
     # -- start method --------------------------------------------------------------------
     def fork_unsafe(self, spec: BackendSpec) -> str | None:
@@ -331,7 +377,7 @@ class _Decider:
         return method, f"{why}; {how}"
 
     def start_method(self, spec: BackendSpec, executor: str) -> str | None:
-        if executor != "mp":
+        if not self.executors[executor].start_method:
             ignored = self.overrides.lookup("start_method", spec.name)
             if ignored is not None and ignored.value not in spec.start_methods.allowed:
                 raise self.disallowed(ignored.value, ignored.source, spec)
@@ -346,8 +392,9 @@ class _Decider:
                 "rule",
                 {
                     "uni": "not used: the uni executor starts no local processes",
+                    "ray": "not used: Ray starts the worker processes",
                     "external": "not used: the launcher started the processes",
-                }.get(executor, "not used: Ray starts the worker processes"),
+                }.get(executor, f"not used by the {executor} executor"),
             )
             return None
         if self.facts.daemonic:
@@ -451,8 +498,10 @@ class _Decider:
 
     def plan(self) -> Plan:
         self.check_backend_tables()
+        self.check_executor_names()
         spec = self.backend()
-        if self.adopts_launcher(spec):
+        adopting = self.adopts_launcher(spec)
+        if adopting is not None:
             info = self.facts.launcher
             self.note(
                 "launcher",
@@ -465,7 +514,7 @@ class _Decider:
             executor = str(
                 self.note(
                     "executor",
-                    "external",
+                    adopting,
                     f"fact: launcher {info.launcher}{self.facts.mark('launcher')}",
                     f"{info.launcher} started the ranks: this process becomes its own rank's "
                     "worker, hwlaunch starts no process",
@@ -570,9 +619,12 @@ def decide(
     facts: RuntimeFacts,
     overrides: Overrides,
     plugin_problems: Iterable[str] = (),
+    executors: Mapping[str, ExecutorSpec] | None = None,
 ) -> Plan:
-    """The pure core of resolution."""
-    return _Decider(specs, facts, overrides, plugin_problems).plan()
+    """The pure core of resolution; ``executors`` defaults to the registered ones."""
+    if executors is None:
+        executors = default_registry().executor_specs
+    return _Decider(specs, facts, overrides, plugin_problems, executors).plan()
 
 
 def resolve_with_sources(
@@ -599,7 +651,7 @@ def resolve_with_sources(
         f"{p.describe()} failed to load: {p.error} (see `hwlaunch backends`)"
         for p in registry.failures
     ]
-    return decide(specs, facts, overrides, problems)
+    return decide(specs, facts, overrides, problems, registry.executor_specs)
 
 
 def resolve(

@@ -26,7 +26,6 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 T = TypeVar("T")
 
-EXECUTORS = ("uni", "mp", "ray", "external")
 ENV_VARS: dict[str, str] = {
     "backend": "HWLAUNCH_BACKEND",
     "executor": "HWLAUNCH_EXECUTOR",
@@ -85,15 +84,13 @@ def _number(name: str, raw: object, source: str, kind: type, minimum: float) -> 
 
 def parse_setting(name: str, raw: object, source: str) -> Any:
     """Validate one setting's raw value (a string from env/CLI, or a native TOML/Python value)."""
-    if name == "executor":
-        return _choice(name, raw, source, EXECUTORS)
     if name == "start_method":
         return _choice(name, raw, source, START_METHODS)
     if name in ("world_size", "nnodes"):
         return _number(name, raw, source, int, 1)
     if name == "ray_pg_timeout":
         return float(_number(name, raw, source, float, 0.001))
-    if name in ("backend", "ray_address"):
+    if name in ("backend", "executor", "ray_address"):  # names checked against the registry
         if not isinstance(raw, str) or not raw.strip():
             raise ConfigError(f"invalid {name} {raw!r} from {source}: must be a non-empty string")
         return raw.strip()

@@ -28,6 +28,7 @@ from hwlaunch.registry import PluginRecord, default_registry, load_registry
 
 DISTS = Path(__file__).parent / "plugin_dists"
 BUILTINS = ("cpu", "cuda", "hpu", "xpu")
+BUILTIN_PLUGINS = ("cpu", "cuda", "executors", "hpu", "xpu")  # by name; executors are a plugin
 HWLAUNCH_VERSION = importlib.metadata.version("hwlaunch")
 GOOD = {"plugin": "goodnpu", "distribution": "hwlaunch-good-npu", "version": "1.2.3"}
 ALLOW, BLOCK, STRICT = "HWLAUNCH_PLUGINS", "HWLAUNCH_DISABLE_PLUGINS", "HWLAUNCH_STRICT_PLUGINS"
@@ -252,9 +253,15 @@ def test_verbose_lists_each_plugin_module_distribution_version_hooks(
 ) -> None:
     plugins = {(p["name"], p["distribution"]): p for p in verbose["plugins"]}
     assert sorted(plugins) == sorted(
-        [*((b, "hwlaunch") for b in BUILTINS), ("goodnpu", GOOD["distribution"]), *FAILURES]
+        [
+            *((b, "hwlaunch") for b in BUILTIN_PLUGINS),
+            ("goodnpu", GOOD["distribution"]),
+            *FAILURES,
+        ]
     )
-    assert plugin_names(verbose)[:4] == [(b, "hwlaunch") for b in BUILTINS]  # built-ins first
+    assert plugin_names(verbose)[:5] == [
+        (b, "hwlaunch") for b in BUILTIN_PLUGINS
+    ]  # built-ins first
     good = plugins["goodnpu", "hwlaunch-good-npu"]
     assert good == {
         "name": "goodnpu",
@@ -263,6 +270,7 @@ def test_verbose_lists_each_plugin_module_distribution_version_hooks(
         "version": "1.2.3",
         "hooks": ["hwlaunch_register_backends"],
         "backends": ["goodnpu"],
+        "executors": [],
         "error": None,
     }
     for name in BUILTINS:
@@ -271,6 +279,11 @@ def test_verbose_lists_each_plugin_module_distribution_version_hooks(
         assert builtin["version"] == HWLAUNCH_VERSION
         assert builtin["hooks"] == ["hwlaunch_register_backends"]
         assert builtin["backends"] == [name]
+    executors = plugins["executors", "hwlaunch"]
+    assert executors["hooks"] == ["hwlaunch_register_executors"]
+    assert executors["executors"] == ["uni", "mp", "ray", "external"]
+    assert [e["name"] for e in verbose["executors"]] == ["uni", "mp", "ray", "external"]
+    assert {e["plugin"] for e in verbose["executors"]} == {"executors"}
     assert plugins["badspec", "hwlaunch-bad-spec"]["module"] == "hwlaunch_bad_spec:BadField"
     assert plugins["badspec", "hwlaunch-bad-spec"]["hooks"] == ["hwlaunch_register_backends"]
     assert plugins["importfails", "hwlaunch-import-fails"]["hooks"] == []
@@ -333,7 +346,7 @@ def test_allowlist_loads_only_the_named_third_party_and_every_builtin(plugin_sit
         hwlaunch(plugin_site, "backends", "--verbose", "--json", **{ALLOW: "goodnpu"})
     )
     assert plugin_names(payload) == [
-        *((b, "hwlaunch") for b in BUILTINS),
+        *((b, "hwlaunch") for b in BUILTIN_PLUGINS),
         ("goodnpu", GOOD["distribution"]),
     ]
     assert sorted(rows_by_backend(payload["backends"])) == sorted([*BUILTINS, "goodnpu"])
@@ -342,7 +355,7 @@ def test_allowlist_loads_only_the_named_third_party_and_every_builtin(plugin_sit
 
 def test_empty_allowlist_loads_no_third_party(plugin_site: Path) -> None:
     payload = json_of(hwlaunch(plugin_site, "backends", "--verbose", "--json", **{ALLOW: ""}))
-    assert plugin_names(payload) == [(b, "hwlaunch") for b in BUILTINS]
+    assert plugin_names(payload) == [(b, "hwlaunch") for b in BUILTIN_PLUGINS]
     assert sorted(rows_by_backend(payload["backends"])) == sorted(BUILTINS)
 
 
@@ -352,7 +365,7 @@ def test_allowlist_takes_several_names_with_spaces(plugin_site: Path) -> None:
             plugin_site, "backends", "--verbose", "--json", **{ALLOW: " goodnpu , hookraises,"}
         )
     )
-    assert plugin_names(payload)[4:] == [
+    assert plugin_names(payload)[len(BUILTIN_PLUGINS) :] == [
         ("goodnpu", GOOD["distribution"]),
         ("hookraises", "hwlaunch-hook-raises"),
     ]
@@ -379,7 +392,7 @@ def test_blocklist_beats_allowlist(plugin_site: Path) -> None:
             plugin_site, "backends", "--verbose", "--json", **{ALLOW: "goodnpu", BLOCK: "goodnpu"}
         )
     )
-    assert plugin_names(payload) == [(b, "hwlaunch") for b in BUILTINS]
+    assert plugin_names(payload) == [(b, "hwlaunch") for b in BUILTIN_PLUGINS]
 
 
 def test_blocking_the_builtin_hands_its_name_to_the_clashing_plugin(plugin_site: Path) -> None:

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILTINS = ("cpu", "cuda", "hpu", "xpu")
+BUILTIN_PLUGINS = (*BUILTINS, "executors")  # the built-in executors are a plugin too
 # Build outputs and caches of the working tree that must not be copied into the build.
 IGNORE = shutil.ignore_patterns(
     ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "venv", ".venv"
@@ -44,7 +45,7 @@ def test_wheel_holds_the_plugins_and_their_entry_points(wheel: Path) -> None:
         names = set(archive.namelist())
         (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
         text = archive.read(entry_points).decode()
-    for name in BUILTINS:
+    for name in BUILTIN_PLUGINS:
         assert f"hwlaunch/plugins/{name}/__init__.py" in names
     assert "hwlaunch/__init__.py" in names
     assert "hwlaunch/py.typed" in names
@@ -55,7 +56,7 @@ def test_wheel_holds_the_plugins_and_their_entry_points(wheel: Path) -> None:
         for line in section.splitlines()
         if "=" in line
     }
-    assert declared == {name: f"hwlaunch.plugins.{name}" for name in BUILTINS}
+    assert declared == {name: f"hwlaunch.plugins.{name}" for name in BUILTIN_PLUGINS}
     assert "hwlaunch = hwlaunch.cli:main" in text
 
 

@@ -305,7 +305,7 @@ def test_bad_environment_values(
 
 def test_bad_executor_lists_allowed_values(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HWLAUNCH_EXECUTOR", "mpp")
-    with pytest.raises(ConfigError, match=r"\(allowed: uni, mp, ray, external\)"):
+    with pytest.raises(ConfigError, match=r"\(allowed: uni, mp, ray, external;"):
         resolve()
 
 
