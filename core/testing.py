@@ -15,6 +15,9 @@ interpreter, through ``sys.modules``) and fast, a consistent start-method rule, 
 plan against the rule (with facts assumed where the hardware is absent), and the worker's
 lifecycle under the uni and mp executors (skipped, with the reason, where the device is absent).
 
+An executor plugin subclasses :class:`ExecutorConformance` the same way (``executor =
+"acme-sub"``); see hwlaunch.executor_conformance.
+
 This module imports pytest; ``import hwlaunch`` never imports it.
 """
 
@@ -35,6 +38,7 @@ from typing import Any, ClassVar
 import pytest
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
+from hwlaunch.executor_conformance import ExecutorConformance
 from hwlaunch.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.plan import Plan
 from hwlaunch.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
@@ -43,7 +47,7 @@ from hwlaunch.settings import Overrides, Sourced
 from hwlaunch.spec import START_METHODS, BackendSpec
 from hwlaunch.worker import Worker
 
-__all__ = ["BackendConformance", "LifecycleProbe"]
+__all__ = ["BackendConformance", "ExecutorConformance", "LifecycleProbe"]
 
 PROBES = ("is_available", "device_count", "is_initialized")
 ALWAYS_FORBIDDEN = ("torch", "ray")  # never imported by loading a plugin or calling its probes

@@ -7,7 +7,7 @@ with the reason unless the hardware is here.
 
 from __future__ import annotations
 
-from hwlaunch.testing import BackendConformance
+from hwlaunch.testing import BackendConformance, ExecutorConformance
 
 
 class TestCPU(BackendConformance):
@@ -28,3 +28,17 @@ class TestHPU(BackendConformance):
 class TestXPU(BackendConformance):
     backend = "xpu"
     vendor_modules = ("intel_extension_for_pytorch", "oneccl_bindings_for_pytorch")
+
+
+class TestUniExecutor(ExecutorConformance):
+    executor = "uni"
+
+
+class TestMpExecutor(ExecutorConformance):
+    executor = "mp"
+
+
+class TestExternalExecutor(ExecutorConformance):
+    """Skips: it runs under torchrun only (tests/test_external.py)."""
+
+    executor = "external"

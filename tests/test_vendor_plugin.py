@@ -140,10 +140,17 @@ def test_backends_lists_acme_with_its_distribution_and_version(verbose: dict[str
         "module": "hwlaunch_acme",
         "distribution": DISTRIBUTION,
         "version": VERSION,
-        "hooks": ["hwlaunch_register_backends"],
+        "hooks": ["hwlaunch_register_backends", "hwlaunch_register_executors"],
         "backends": ["acme"],
+        "executors": ["acme-sub"],
         "error": None,
     }
+    acme_sub = next(e for e in verbose["executors"] if e["name"] == "acme-sub")
+    assert (acme_sub["plugin"], acme_sub["distribution"], acme_sub["executor"]) == (
+        "acme",
+        DISTRIBUTION,
+        "hwlaunch_acme.executor:AcmeSubprocessExecutor",
+    )
 
 
 def test_acme_devices_follow_the_emulation_variables(acme_site: Path, root: Path) -> None:

@@ -5,6 +5,10 @@ registered from the ``hwlaunch_register_backends`` hook. hwlaunch imports this m
 lists backends or resolves a plan, so it stays cheap: no torch, no vendor runtime, no device
 access. The worker class lives in ``hwlaunch_acme.worker`` and is imported inside workers only.
 
+The plugin also brings an executor of its own, ``acme-sub`` (hwlaunch_acme.executor), which
+starts each rank through a launcher command; it is registered from the second hook,
+``hwlaunch_register_executors``, and imported only when a plan names it.
+
 Emulation: the "devices" are counted from ``ACME_NPU_DEVICES`` (default 2; ``0`` means no Acme
 NPU on this machine). A real plugin counts device nodes or asks the driver library instead.
 """
@@ -14,7 +18,14 @@ from __future__ import annotations
 import os
 import sys
 
-from hwlaunch import BackendSpec, Register, StartMethodRule, hookimpl
+from hwlaunch import (
+    BackendSpec,
+    ExecutorSpec,
+    Register,
+    RegisterExecutor,
+    StartMethodRule,
+    hookimpl,
+)
 
 DEVICES_VAR = "ACME_NPU_DEVICES"  # emulation only: how many Acme NPUs this machine "has"
 VISIBLE_VAR = "ACME_VISIBLE_DEVICES"  # like CUDA_VISIBLE_DEVICES: which devices a process sees
@@ -76,5 +87,17 @@ def hwlaunch_register_backends(register: Register) -> None:
             device_control_env_var=VISIBLE_VAR,  # set per worker by the mp and ray executors
             ray_resource="ACME",  # the Ray resource key a worker actor asks for
             worker_env={"ACME_LOG_LEVEL": "warning"},  # extra environment for every worker
+        )
+    )
+
+
+@hookimpl
+def hwlaunch_register_executors(register: RegisterExecutor) -> None:
+    register(
+        ExecutorSpec(
+            name="acme-sub",  # what users pass to --executor / HWLAUNCH_EXECUTOR
+            executor="hwlaunch_acme.executor:AcmeSubprocessExecutor",  # imported at launch only
+            description="one subprocess per rank, started through $ACME_LAUNCHER",
+            max_nodes=1,  # ranks run on this machine
         )
     )

@@ -5,10 +5,12 @@ Run them after installing the plugin: ``pip install -e . && pytest``.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import hwlaunch
-from hwlaunch.testing import BackendConformance
+from hwlaunch.testing import BackendConformance, ExecutorConformance
 
 
 class TestAcme(BackendConformance):
@@ -17,6 +19,24 @@ class TestAcme(BackendConformance):
     backend = "acme"
     vendor_modules = ("acme_runtime",)  # the probes must never import the vendor runtime
     absent_env = ("ACME_NPU_DEVICES=0",)  # the emulation's switch for "no device here"
+
+
+class TestAcmeSub(ExecutorConformance):
+    """Every executor check, against the plugin's own "acme-sub" executor."""
+
+    executor = "acme-sub"
+    backend = "acme"
+
+
+def test_acme_sub_starts_ranks_through_the_launcher_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ACME_LAUNCHER", "env ACME_WRAPPED=yes")
+    plan = hwlaunch.resolve(backend="acme", world_size=2, executor="acme-sub")
+    with hwlaunch.launch(plan) as workers:
+        # a lambda travels by value; this test module is not importable in the ranks
+        assert workers.collective_rpc(lambda w: os.environ.get("ACME_WRAPPED")) == ["yes", "yes"]
+        assert workers.collective_rpc("bound_device") == ["0", "1"]
 
 
 def test_each_rank_binds_its_own_visible_device(monkeypatch: pytest.MonkeyPatch) -> None:
