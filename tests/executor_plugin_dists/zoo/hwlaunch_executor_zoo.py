@@ -1,0 +1,41 @@
+"""Executor plugins for the tests: one that works, and three broken in different ways."""
+
+from __future__ import annotations
+
+from hwlaunch import ExecutorSpec, RegisterExecutor, hookimpl
+
+
+class Inline:
+    @staticmethod
+    @hookimpl
+    def hwlaunch_register_executors(register: RegisterExecutor) -> None:
+        register(
+            ExecutorSpec(
+                name="inline",
+                executor="hwlaunch_executor_zoo_inline:InlineExecutor",
+                description="the worker on the caller's own thread",
+                max_world_size=1,
+                max_nodes=1,
+            )
+        )
+
+
+class BrokenImport:
+    @staticmethod
+    @hookimpl
+    def hwlaunch_register_executors(register: RegisterExecutor) -> None:
+        register(ExecutorSpec(name="broken-import", executor="hwlaunch_zoo_gone:GoneExecutor"))
+
+
+class NotAnExecutor:
+    @staticmethod
+    @hookimpl
+    def hwlaunch_register_executors(register: RegisterExecutor) -> None:
+        register(ExecutorSpec(name="not-executor", executor="hwlaunch_executor_zoo:Inline"))
+
+
+class BadSpec:
+    @staticmethod
+    @hookimpl
+    def hwlaunch_register_executors(register: RegisterExecutor) -> None:
+        register(ExecutorSpec(name="badspec", executor="no import path"))
