@@ -215,7 +215,7 @@ def backends(as_json: bool, verbose: bool) -> None:
             executors.add_column(column, overflow="fold")
         for e in executor_rows(registry):
             limits = [
-                f"max {e['max_world_size']} workers" if e["max_world_size"] else "",
+                f"max {e['max_world_size']} worker(s)" if e["max_world_size"] else "",
                 f"max {e['max_nodes']} node(s)" if e["max_nodes"] else "",
                 "start method" if e["start_method"] else "",
                 "needs a launcher" if e["needs_launcher"] else "",
