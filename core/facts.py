@@ -10,14 +10,14 @@ import multiprocessing
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 from hwlaunch.errors import ConfigError
 from hwlaunch.mainguard import MainGuard, MainGuardStatus, detect_main_guard
 from hwlaunch.settings import did_you_mean
 from hwlaunch.spec import START_METHODS, BackendSpec
 
-MAIN_GUARD_VALUES = ("guarded", "unguarded", "no-main-file", "unknown")
+MAIN_GUARD_VALUES: tuple[MainGuardStatus, ...] = get_args(MainGuardStatus)
 GLOBAL_KEYS = (
     "main_guard",
     "interactive",

@@ -40,6 +40,10 @@ def launch(
             f"launch() got a plan and resolve() keywords {sorted(overrides)}; pass one or the other"
         )
     executor = _start(plan, worker_extension, init_distributed, startup_timeout, on_status)
+    if plan.facts is not None:
+        from hwlaunch.mainguard import note_launch
+
+        note_launch(plan.facts.main_guard)  # a later launch's spawned children re-run this one
     if resolved_here:
         for text in getattr(executor, "warnings", ()):
             warnings.warn(f"hwlaunch: {text}", UserWarning, stacklevel=2)
