@@ -10,7 +10,7 @@ import multiprocessing
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast, get_args
+from typing import Any, get_args
 
 from hwlaunch.errors import ConfigError
 from hwlaunch.mainguard import MainGuard, MainGuardStatus, detect_main_guard
@@ -221,7 +221,7 @@ def apply_assumptions(
                     f"{did_you_mean(status, MAIN_GUARD_VALUES)} "
                     f"(allowed: {', '.join(MAIN_GUARD_VALUES)})"
                 )
-            changes["main_guard"] = MainGuard(cast(MainGuardStatus, status), detail="assumed")
+            changes["main_guard"] = MainGuard(status, detail="assumed")
         elif key == "start_methods":
             methods = tuple(m.strip() for m in str(raw).split(",") if m.strip())
             bad = [m for m in methods if m not in START_METHODS]

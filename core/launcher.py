@@ -43,7 +43,12 @@ def launch(
     if plan.facts is not None:
         from hwlaunch.mainguard import note_launch
 
-        note_launch(plan.facts.main_guard)  # a later launch's spawned children re-run this one
+        guard = plan.facts.main_guard
+        note_launch(guard)  # a later launch's spawned children re-run this one
+        if guard.status == "unguarded" and guard.file:
+            from hwlaunch.mainprep import refuse_reimport
+
+            refuse_reimport(guard.where() or guard.file)
     if resolved_here:
         for text in getattr(executor, "warnings", ()):
             warnings.warn(f"hwlaunch: {text}", UserWarning, stacklevel=2)

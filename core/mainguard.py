@@ -163,9 +163,7 @@ def reimport_target(main: ModuleType | None) -> ReimportTarget:
     path = getattr(main, "__file__", None)
     if path is None:
         return ReimportTarget(None, why=_no_file_reason())
-    if not os.path.isabs(path) and process.ORIGINAL_DIR is not None:
-        path = os.path.join(process.ORIGINAL_DIR, path)
-    path = os.path.normpath(path)
+    path = os.path.normpath(_absolute(path))
     if os.path.splitext(os.path.basename(path))[0] == "ipython":
         return ReimportTarget(None, why=f"{path} is named ipython, which multiprocessing skips")
     return ReimportTarget("path", path)
@@ -261,11 +259,17 @@ def _running_frame(frames: list[FrameType], main: ModuleType, file: str) -> Fram
     return None
 
 
+def _absolute(path: str) -> str:
+    """As multiprocessing makes a relative main path absolute: against the start directory."""
+    original: str | None = getattr(process, "ORIGINAL_DIR", None)
+    if not os.path.isabs(path) and original is not None:
+        path = os.path.join(original, path)
+    return path
+
+
 def _same_path(a: str, b: str) -> bool:
     def norm(path: str) -> str:
-        if not os.path.isabs(path) and process.ORIGINAL_DIR is not None:
-            path = os.path.join(process.ORIGINAL_DIR, path)
-        return os.path.normcase(os.path.normpath(path))
+        return os.path.normcase(os.path.normpath(_absolute(path)))
 
     return norm(a) == norm(b)
 
@@ -321,9 +325,7 @@ def _pyc_source(pyc: str, frames: list[FrameType]) -> str:
     )
     if compiled_from is None:
         raise OSError(f"{pyc} is running no module-level code to find its source from")
-    source = compiled_from
-    if not os.path.isabs(source) and process.ORIGINAL_DIR is not None:
-        source = os.path.join(process.ORIGINAL_DIR, source)
+    source = _absolute(compiled_from)
     with open(pyc, "rb") as f:
         header = f.read(16)
     try:
