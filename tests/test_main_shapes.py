@@ -234,7 +234,7 @@ def test_every_way_to_start_a_program(tmp_path: Path, shape: Shape) -> None:
     expected = [m for m in METHODS if m in shape.expected and (m in shape.methods or m == "auto")]
     assert [r[1] for r in results] == expected, output  # each launch once: no second run
     assert len({r[0] for r in results}) == 1, output  # all in the program's own process
-    for pid, method, outcome, *rest in results:
+    for _, method, outcome, *rest in results:
         assert outcome == shape.expected[method], (method, rest, output)
         if outcome == "ok":
             used, value = rest
@@ -246,3 +246,62 @@ def test_every_way_to_start_a_program(tmp_path: Path, shape: Shape) -> None:
             assert kind == "MissingMainGuardError", (method, text)
             assert shape.reason in text, (method, text)
             assert "Fix:" in text
+
+
+POOLS = textwrap.dedent(
+    """
+    def pools(worker, methods):
+        return [pool_squares(worker, method) for method in methods]
+    """
+)
+
+
+def test_workers_hand_main_functions_to_their_own_pools(tmp_path: Path) -> None:
+    """A function of ``__main__`` reaches a worker by value; the worker's Pool sends it by
+    reference, which works once it is the worker's ``__main__``'s own (any method, any Pool)."""
+    source = (
+        DEFS
+        + POOLS
+        + textwrap.dedent(
+            """
+        if __name__ == "__main__":
+            for method in ("fork", "spawn", "forkserver"):
+                run_one(method, pools, ["fork", "forkserver", "spawn"])
+        """
+        )
+    )
+    results, done = run_program(tmp_path, [str(write(tmp_path / "main.py", source))], None, ())
+    output = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, output
+    assert [r[1:3] for r in results] == [[m, "ok"] for m in ("fork", "spawn", "forkserver")], output
+    for _, method, _, used, value in results:
+        assert used == method
+        assert value == "[[[4], [4], [4]], [[9], [9], [9]]]", (method, value)
+
+
+def test_unguarded_script_whose_worker_starts_a_spawn_pool(tmp_path: Path) -> None:
+    """The forked worker's spawned Pool children would re-run the module-level launch: a fork
+    Pool works, a spawn or forkserver Pool fails at once with the reason (no hang, no rerun)."""
+    source = (
+        DEFS
+        + POOLS
+        + textwrap.dedent(
+            """
+        run_one("auto", pools, ["fork"])
+        run_one("auto", pools, ["spawn"])
+        run_one("auto", pools, ["forkserver"])
+        """
+        )
+    )
+    results, done = run_program(tmp_path, [str(write(tmp_path / "main.py", source))], None, ())
+    output = f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-3000:]}"
+    assert done.returncode == 0, output
+    assert "bootstrapping phase" not in done.stderr, output
+    assert len(results) == 3 and len({r[0] for r in results}) == 1, output
+    (_, _, outcome, used, value), *refused = results
+    assert (outcome, used, value) == ("ok", "fork", "[[[4]], [[9]]]"), output
+    for _, _, outcome, kind, text in refused:
+        assert (outcome, kind) == ("error", "WorkerError"), text
+        assert "MissingMainGuardError" in text
+        assert "would re-run __main__, which reaches" in text and "main.py:" in text, text
+        assert "get_context('fork')" in text
