@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # about 20 interpreters with torch, each starting 4 worker pairs
+
 METHODS = ("auto", "fork", "spawn", "forkserver")
 DEFS = textwrap.dedent(
     """\
