@@ -10,7 +10,7 @@ import multiprocessing
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, get_args
 
 from hwlaunch.errors import ConfigError
 from hwlaunch.launchers import LAUNCHERS, NO_LAUNCHER, LauncherInfo, detect_launcher, launcher_of
@@ -18,7 +18,7 @@ from hwlaunch.mainguard import MainGuard, MainGuardStatus, detect_main_guard
 from hwlaunch.settings import did_you_mean
 from hwlaunch.spec import START_METHODS, BackendSpec
 
-MAIN_GUARD_VALUES = ("guarded", "unguarded", "no-main-file", "unknown")
+MAIN_GUARD_VALUES: tuple[MainGuardStatus, ...] = get_args(MainGuardStatus)
 GLOBAL_KEYS = (
     "main_guard",
     "interactive",
@@ -226,7 +226,7 @@ def apply_assumptions(
                     f"{did_you_mean(status, MAIN_GUARD_VALUES)} "
                     f"(allowed: {', '.join(MAIN_GUARD_VALUES)})"
                 )
-            changes["main_guard"] = MainGuard(cast(MainGuardStatus, status), detail="assumed")
+            changes["main_guard"] = MainGuard(status, detail="assumed")
         elif key == "start_methods":
             methods = tuple(m.strip() for m in str(raw).split(",") if m.strip())
             bad = [m for m in methods if m not in START_METHODS]
@@ -244,7 +244,8 @@ def apply_assumptions(
                     f"{did_you_mean(name, LAUNCHERS)} (allowed: {', '.join(LAUNCHERS)})"
                 )
             # What this launcher's variables say here, if any: a what-if for another machine.
-            changes["launcher"] = replace(launcher_of(cast(Any, name)), evidence=where)
+            known = LAUNCHERS[LAUNCHERS.index(name)]  # the Literal, typed
+            changes["launcher"] = replace(launcher_of(known), evidence=where)
         elif key in GLOBAL_KEYS:
             changes[key] = _bool(key, raw, where)
         else:
