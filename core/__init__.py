@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 
     from hwlaunch.executor import Executor
     from hwlaunch.hookspecs import Register, hookimpl
-    from hwlaunch.launcher import launch
+    from hwlaunch.executor.launcher import launch
     from hwlaunch.plan import Decision, Plan
-    from hwlaunch.resolver import resolve
+    from hwlaunch.planning.resolver import resolve
     from hwlaunch.spec import START_METHODS, BackendSpec, StartMethodRule
     from hwlaunch.worker import Worker
 
@@ -44,8 +44,8 @@ _LAZY = {
     "hookimpl": "hwlaunch.hookspecs",
     "Decision": "hwlaunch.plan",
     "Plan": "hwlaunch.plan",
-    "resolve": "hwlaunch.resolver",
-    "launch": "hwlaunch.launcher",
+    "resolve": "hwlaunch.planning.resolver",
+    "launch": "hwlaunch.executor.launcher",
     "Executor": "hwlaunch.executor",
     "Worker": "hwlaunch.worker",
 }

@@ -6,7 +6,7 @@ import io
 from dataclasses import dataclass, field
 from typing import Any
 
-from hwlaunch.facts import RuntimeFacts
+from hwlaunch.planning.facts import RuntimeFacts
 
 
 @dataclass(frozen=True)

@@ -38,12 +38,12 @@ from hwlaunch import (
     StartMethodRule,
     hookimpl,
 )
-from hwlaunch import registry as registry_module
+from hwlaunch.planning import registry as registry_module
 from hwlaunch.cli import main as cli_main
 from hwlaunch.hookspecs import ENTRY_POINT_GROUP
-from hwlaunch.registry import load_registry
-from hwlaunch.resolver import resolve_with_sources
-from hwlaunch.settings import BACKEND_TABLE_KEYS, ENV_VARS, TOP_LEVEL_KEYS, load_config_file
+from hwlaunch.planning.registry import load_registry
+from hwlaunch.planning.resolver import resolve_with_sources
+from hwlaunch.planning.settings import BACKEND_TABLE_KEYS, ENV_VARS, TOP_LEVEL_KEYS, load_config_file
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

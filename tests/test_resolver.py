@@ -23,11 +23,11 @@ from hwlaunch import (
     Plan,
     StartMethodError,
 )
-from hwlaunch.facts import DeviceFacts, RuntimeFacts
-from hwlaunch.mainguard import MainGuard
+from hwlaunch.planning.facts import DeviceFacts, RuntimeFacts
+from hwlaunch.planning.mainguard import MainGuard
 from hwlaunch.plugins import cpu, cuda, hpu, xpu
-from hwlaunch.resolver import decide
-from hwlaunch.settings import Overrides, Sourced
+from hwlaunch.planning.resolver import decide
+from hwlaunch.planning.settings import Overrides, Sourced
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

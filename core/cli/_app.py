@@ -14,10 +14,10 @@ from typing import Any
 
 import click
 
-from hwlaunch.cli_run import run
+from hwlaunch.cli.run import run
 from hwlaunch.errors import HwlaunchError
-from hwlaunch.facts import probe_device
-from hwlaunch.registry import Registry, default_registry
+from hwlaunch.planning.facts import probe_device
+from hwlaunch.planning.registry import Registry, default_registry
 
 CLI_SOURCES = {
     "backend": "--backend",
@@ -195,7 +195,7 @@ def resolve(
     as_json: bool, config_file: str | None, assume: tuple[str, ...], **flags: str | None
 ) -> None:
     """Show the plan (backend, executor, start method...) and the reason for each value."""
-    from hwlaunch.resolver import resolve_with_sources
+    from hwlaunch.planning.resolver import resolve_with_sources
 
     plan = resolve_with_sources(
         flags,
@@ -214,8 +214,8 @@ def resolve(
 cli.add_command(run)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the CLI and turn user errors into exit code 2 without a traceback."""
+def run_cli(argv: list[str] | None = None) -> int:
+    """Run the CLI and turn user errors into exit code 2 without a traceback."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args
     try:
@@ -236,6 +236,3 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``hwlaunch run``: the CLI face of the main job (see hwlaunch.run_job)."""
+"""``hwlaunch run``: the CLI face of the main job (see hwlaunch.cli._job)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import shutil
 
 import click
 
-from hwlaunch.run_job import DEFAULT_PROMPTS, check, print_err, render, run_job
-from hwlaunch.settings import Sourced
+from hwlaunch.cli._job import DEFAULT_PROMPTS, check, print_err, render, run_job
+from hwlaunch.planning.settings import Sourced
 
 RUN_SOURCES = {
     "backend": "--backend",
@@ -42,7 +42,7 @@ def run(
     **flags: str | None,
 ) -> None:
     """Start workers, check the process group, generate with a causal LM and verify it."""
-    from hwlaunch.resolver import resolve_with_sources
+    from hwlaunch.planning.resolver import resolve_with_sources
 
     plan = resolve_with_sources(
         flags, RUN_SOURCES, config=config_file, config_source="--config", defaults=RUN_DEFAULTS

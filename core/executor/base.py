@@ -11,7 +11,7 @@ from typing import Any
 
 from hwlaunch.errors import WorkerError
 from hwlaunch.plan import Plan
-from hwlaunch.worker_runtime import Failure
+from hwlaunch.executor._runtime import Failure
 
 StatusCallback = Callable[[int, str], None]
 

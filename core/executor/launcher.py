@@ -30,7 +30,7 @@ def launch(
     """
     resolved_here = plan is None
     if plan is None:
-        from hwlaunch.resolver import resolve
+        from hwlaunch.planning.resolver import resolve
 
         plan = resolve(**overrides)
         for text in plan.warnings:

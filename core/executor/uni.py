@@ -21,7 +21,7 @@ from hwlaunch.errors import RpcTimeoutError, WorkerStartupError
 from hwlaunch.executor.base import Executor, StatusCallback, free_port, raise_first_failure
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
-from hwlaunch.worker_runtime import (
+from hwlaunch.executor._runtime import (
     Failure,
     call,
     encode_extension,

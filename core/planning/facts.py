@@ -13,8 +13,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from hwlaunch.errors import ConfigError
-from hwlaunch.mainguard import MainGuard, MainGuardStatus, detect_main_guard
-from hwlaunch.settings import did_you_mean
+from hwlaunch.planning.mainguard import MainGuard, MainGuardStatus, detect_main_guard
+from hwlaunch.planning.settings import did_you_mean
 from hwlaunch.spec import START_METHODS, BackendSpec
 
 MAIN_GUARD_VALUES = ("guarded", "unguarded", "no-main-file", "unknown")

@@ -17,10 +17,10 @@ from hwlaunch.errors import (
     MissingMainGuardError,
     StartMethodError,
 )
-from hwlaunch.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
+from hwlaunch.planning.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.plan import Decision, Plan
-from hwlaunch.registry import Registry, default_registry, unknown_name_message
-from hwlaunch.settings import Overrides, Sourced, collect_overrides, did_you_mean
+from hwlaunch.planning.registry import Registry, default_registry, unknown_name_message
+from hwlaunch.planning.settings import Overrides, Sourced, collect_overrides, did_you_mean
 from hwlaunch.spec import BackendSpec
 
 DEFAULT_RAY_PG_TIMEOUT = 60.0

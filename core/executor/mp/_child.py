@@ -23,7 +23,7 @@ from typing import Any
 import psutil
 
 from hwlaunch.plan import Plan
-from hwlaunch.worker_runtime import Failure, answer, start_worker
+from hwlaunch.executor._runtime import Failure, answer, start_worker
 
 PR_SET_PDEATHSIG = 1
 

@@ -38,10 +38,10 @@ from hwlaunch.executor.base import (
     raise_first_failure,
     worker_environment,
 )
-from hwlaunch.executor.forkserver import prepare_forkserver
-from hwlaunch.executor.mp_child import worker_main
+from hwlaunch.executor.mp._forkserver import prepare_forkserver
+from hwlaunch.executor.mp._child import worker_main
 from hwlaunch.plan import Plan
-from hwlaunch.worker_runtime import (
+from hwlaunch.executor._runtime import (
     Failure,
     dumps,
     encode_extension,

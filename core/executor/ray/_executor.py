@@ -17,7 +17,7 @@ node, so the ranks of one node are contiguous and ``local_rank`` is the index am
 under torchrun.
 
 The worker inside each actor is the backend's worker class, built and called through
-``hwlaunch.worker_runtime`` exactly as in the mp executor, so errors and semantics match.
+``hwlaunch.executor._runtime`` exactly as in the mp executor, so errors and semantics match.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from hwlaunch.errors import (
 from hwlaunch.executor.base import Executor, StatusCallback, free_port, raise_first_failure
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
-from hwlaunch.worker_runtime import (
+from hwlaunch.executor._runtime import (
     Failure,
     answer,
     dumps,
