@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from hwlaunch.executor import Executor
-    from hwlaunch.hookspecs import Register, hookimpl
     from hwlaunch.executor.launcher import launch
+    from hwlaunch.hookspecs import Register, hookimpl
     from hwlaunch.plan import Decision, Plan
     from hwlaunch.planning.resolver import resolve
     from hwlaunch.spec import START_METHODS, BackendSpec, StartMethodRule

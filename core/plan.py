@@ -1,16 +1,99 @@
-"""Plan: the resolver's decision, with a source and a reason for every setting."""
+"""Plan: the resolver's decision, with a source and a reason for every setting.
+
+This module is the data a resolution produces and a worker receives: plain frozen dataclasses
+(the plan, its decisions, and the runtime facts it was made from) that import nothing of the
+planning layer, so a worker that unpickles a Plan loads only this module.
+"""
 
 from __future__ import annotations
 
 import io
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from hwlaunch.planning.facts import RuntimeFacts
+from hwlaunch.spec import StartMethod
+
+ExecutorName = Literal["uni", "mp", "ray"]
+EXECUTORS: tuple[ExecutorName, ...] = ("uni", "mp", "ray")
+MainGuardStatus = Literal["guarded", "unguarded", "no-main-file", "unknown"]
+
+
+@dataclass(frozen=True)
+class MainGuard:
+    """Whether the module-level line of ``__main__`` that is executing sits inside a main guard."""
+
+    status: MainGuardStatus
+    file: str | None = None
+    line: int | None = None
+    detail: str | None = None
+
+    def describe(self) -> str:
+        """One line for people, e.g. ``unguarded (train.py:12)``."""
+        where = f"{os.path.basename(self.file)}:{self.line}" if self.file and self.line else None
+        reason = ": ".join(part for part in (where, self.detail) if part)
+        return f"{self.status} ({reason})" if reason else self.status
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What one backend's probes said: present, how many devices, runtime initialized here."""
+
+    available: bool
+    device_count: int
+    initialized: bool
+    probe_error: str | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """What is true in this process when it resolves: the inputs the rules read besides specs
+    and settings. ``assumed`` names the facts that were assumed (what-if) rather than probed."""
+
+    os_start_methods: tuple[str, ...]
+    devices: Mapping[str, DeviceFacts]
+    main_guard: MainGuard
+    daemonic: bool
+    in_ray_actor: bool
+    assumed: frozenset[str] = field(default_factory=frozenset)
+
+    def mark(self, key: str) -> str:
+        """`` (assumed)`` after a fact that was assumed, for reasons and tables."""
+        return " (assumed)" if key in self.assumed else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "os_start_methods": list(self.os_start_methods),
+            "devices": {
+                name: {
+                    "available": d.available,
+                    "device_count": d.device_count,
+                    "initialized": d.initialized,
+                    "probe_error": d.probe_error,
+                }
+                for name, d in self.devices.items()
+            },
+            "main_guard": {
+                "status": self.main_guard.status,
+                "file": self.main_guard.file,
+                "line": self.main_guard.line,
+            },
+            "daemonic": self.daemonic,
+            "in_ray_actor": self.in_ray_actor,
+            "assumed": sorted(self.assumed),
+        }
 
 
 @dataclass(frozen=True)
 class Decision:
+    """One setting of a plan: its value, where the value came from, and why.
+
+    ``source`` names the winning layer (``--start-method``, ``env HWLAUNCH_START_METHOD``,
+    ``hwlaunch.toml:3``, ``rule of backend cuda``, ``fact: cuda.initialized``); ``reason`` says
+    why the rules kept or changed it. ``explain()`` and ``--json`` show one row per Decision.
+    """
+
     setting: str
     value: Any
     source: str
@@ -32,8 +115,8 @@ class Plan:
     backend: str
     world_size: int
     nnodes: int
-    executor: str
-    start_method: str | None
+    executor: ExecutorName
+    start_method: StartMethod | None
     dist_backend: str
     worker: str
     device_control_env_var: str | None
@@ -42,6 +125,7 @@ class Plan:
     preload: tuple[str, ...] = ()
     ray_address: str | None = None
     ray_pg_timeout: float = 60.0
+    startup_timeout: float = 600.0
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     facts: RuntimeFacts | None = None
@@ -69,6 +153,7 @@ class Plan:
             "preload": list(self.preload),
             "ray_address": self.ray_address,
             "ray_pg_timeout": self.ray_pg_timeout,
+            "startup_timeout": self.startup_timeout,
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),
             "facts": self.facts.to_dict() if self.facts is not None else None,

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from hwlaunch.planning import registry as registry_module
 from hwlaunch.errors import BackendUnavailableError, PluginError
+from hwlaunch.planning import registry as registry_module
 from hwlaunch.planning.registry import PluginRecord, default_registry, load_registry
 
 DISTS = Path(__file__).parent / "plugin_dists"

@@ -41,9 +41,9 @@ from hwlaunch.plan import Plan
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
-from hwlaunch.executor.ray import _executor as ray_executor  # noqa: E402
 from hwlaunch.executor.base import free_port  # noqa: E402
 from hwlaunch.executor.ray import RayExecutor  # noqa: E402
+from hwlaunch.executor.ray import _executor as ray_executor  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

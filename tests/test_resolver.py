@@ -23,11 +23,10 @@ from hwlaunch import (
     Plan,
     StartMethodError,
 )
-from hwlaunch.planning.facts import DeviceFacts, RuntimeFacts
-from hwlaunch.planning.mainguard import MainGuard
-from hwlaunch.plugins import cpu, cuda, hpu, xpu
+from hwlaunch.plan import DeviceFacts, MainGuard, RuntimeFacts
 from hwlaunch.planning.resolver import decide
 from hwlaunch.planning.settings import Overrides, Sourced
+from hwlaunch.plugins import cpu, cuda, hpu, xpu
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -76,9 +75,7 @@ def make_facts(
         os_start_methods=start_methods,
         devices=table,
         main_guard=guard,
-        interactive=False,
         daemonic=daemonic,
-        ray_initialized=in_ray_actor,
         in_ray_actor=in_ray_actor,
     )
 
@@ -666,9 +663,7 @@ def test_resolve_unguarded_hpu_rule_chooses_fork() -> None:
 
 
 def test_resolve_in_ray_actor_falls_back() -> None:
-    plan = hwlaunch.resolve(
-        world_size=2, assume={**NOTHING, **GUARDED, "ray_initialized": 1, "in_ray_actor": 1}
-    )
+    plan = hwlaunch.resolve(world_size=2, assume={**NOTHING, **GUARDED, "in_ray_actor": 1})
     assert (plan.backend, plan.start_method) == ("cpu", "forkserver")
     assert plan.decision("start_method").source == "fact: in_ray_actor (assumed)"
 

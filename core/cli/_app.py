@@ -235,4 +235,3 @@ def run_cli(argv: list[str] | None = None) -> int:
         click.echo("interrupted", err=True)
         return 130
     return 0
-

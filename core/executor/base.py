@@ -10,8 +10,8 @@ from types import TracebackType
 from typing import Any
 
 from hwlaunch.errors import WorkerError
-from hwlaunch.plan import Plan
 from hwlaunch.executor._runtime import Failure
+from hwlaunch.plan import Plan
 
 StatusCallback = Callable[[int, str], None]
 

@@ -18,9 +18,6 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from hwlaunch.errors import RpcTimeoutError, WorkerStartupError
-from hwlaunch.executor.base import Executor, StatusCallback, free_port, raise_first_failure
-from hwlaunch.plan import Plan
-from hwlaunch.worker import Worker
 from hwlaunch.executor._runtime import (
     Failure,
     call,
@@ -29,6 +26,9 @@ from hwlaunch.executor._runtime import (
     method_label,
     start_worker,
 )
+from hwlaunch.executor.base import Executor, StatusCallback, free_port, raise_first_failure
+from hwlaunch.plan import Plan
+from hwlaunch.worker import Worker
 
 SHUTDOWN_WAIT = 5.0  # seconds shutdown() waits for the worker's own shutdown()
 

@@ -18,29 +18,12 @@ import sys
 import threading
 import tokenize
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Literal, TypeGuard
+from typing import Any, TypeGuard
 
-MainGuardStatus = Literal["guarded", "unguarded", "no-main-file", "unknown"]
+from hwlaunch.plan import MainGuard
 
 _Spans = tuple[tuple[int, int], ...]
-
-
-@dataclass(frozen=True)
-class MainGuard:
-    """Whether the module-level line of ``__main__`` that is executing sits inside a main guard."""
-
-    status: MainGuardStatus
-    file: str | None = None
-    line: int | None = None
-    detail: str | None = None
-
-    def describe(self) -> str:
-        """One line for people, e.g. ``unguarded (train.py:12)``."""
-        where = f"{os.path.basename(self.file)}:{self.line}" if self.file and self.line else None
-        reason = ": ".join(part for part in (where, self.detail) if part)
-        return f"{self.status} ({reason})" if reason else self.status
 
 
 def detect_main_guard() -> MainGuard:

@@ -11,16 +11,17 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hwlaunch._checks import did_you_mean, unknown_name_message
 from hwlaunch.errors import (
     BackendUnavailableError,
     ConfigError,
     MissingMainGuardError,
     StartMethodError,
 )
-from hwlaunch.planning.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.plan import Decision, Plan
-from hwlaunch.planning.registry import Registry, default_registry, unknown_name_message
-from hwlaunch.planning.settings import Overrides, Sourced, collect_overrides, did_you_mean
+from hwlaunch.planning.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
+from hwlaunch.planning.registry import Registry, default_registry
+from hwlaunch.planning.settings import Overrides, Sourced, collect_overrides
 from hwlaunch.spec import BackendSpec
 
 DEFAULT_RAY_PG_TIMEOUT = 60.0

@@ -7,7 +7,6 @@ Reading settings has no side effects: nothing here writes the environment or any
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import sys
@@ -16,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from hwlaunch._checks import did_you_mean, is_env_name
 from hwlaunch.errors import ConfigError
 from hwlaunch.spec import START_METHODS
 
@@ -47,12 +47,6 @@ class Sourced(Generic[T]):
 
     value: T
     source: str
-
-
-def did_you_mean(value: str, allowed: tuple[str, ...] | list[str], cutoff: float = 0.6) -> str:
-    """``"; did you mean 'cuda'?"`` for the closest allowed value, or ``""``."""
-    close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=cutoff)
-    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _choice(name: str, raw: object, source: str, allowed: tuple[str, ...]) -> str:
@@ -100,9 +94,6 @@ def parse_setting(name: str, raw: object, source: str) -> Any:
     raise ConfigError(f"unknown setting {name!r} from {source}{did_you_mean(name, list(ENV_VARS))}")
 
 
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
 def _parse_env_table(raw: object, source: str) -> dict[str, str]:
     example = 'e.g. env = { OMP_NUM_THREADS = "4" }'
     if not isinstance(raw, dict):
@@ -111,7 +102,7 @@ def _parse_env_table(raw: object, source: str) -> dict[str, str]:
             f"strings, {example}"
         )
     for key, value in raw.items():
-        if not _ENV_NAME.match(key):
+        if not is_env_name(key):
             raise ConfigError(
                 f"invalid env table at {source}: {key!r} is not an environment variable name"
             )

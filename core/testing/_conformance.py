@@ -35,8 +35,8 @@ from typing import Any, ClassVar
 import pytest
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
-from hwlaunch.planning.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.plan import Plan
+from hwlaunch.planning.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.planning.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
 from hwlaunch.planning.resolver import decide
 from hwlaunch.planning.settings import Overrides, Sourced

@@ -22,8 +22,8 @@ from typing import Any
 
 import psutil
 
-from hwlaunch.plan import Plan
 from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.plan import Plan
 
 PR_SET_PDEATHSIG = 1
 

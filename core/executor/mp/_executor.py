@@ -31,16 +31,6 @@ from hwlaunch.errors import (
     WorkerStartupError,
     describe_exitcode,
 )
-from hwlaunch.executor.base import (
-    Executor,
-    StatusCallback,
-    free_port,
-    raise_first_failure,
-    worker_environment,
-)
-from hwlaunch.executor.mp._forkserver import prepare_forkserver
-from hwlaunch.executor.mp._child import worker_main
-from hwlaunch.plan import Plan
 from hwlaunch.executor._runtime import (
     Failure,
     dumps,
@@ -49,6 +39,16 @@ from hwlaunch.executor._runtime import (
     loads,
     method_label,
 )
+from hwlaunch.executor.base import (
+    Executor,
+    StatusCallback,
+    free_port,
+    raise_first_failure,
+    worker_environment,
+)
+from hwlaunch.executor.mp._child import worker_main
+from hwlaunch.executor.mp._forkserver import prepare_forkserver
+from hwlaunch.plan import Plan
 
 DEFAULT_STARTUP_TIMEOUT = 600.0
 SHUTDOWN_GRACE = 5.0  # seconds a polite shutdown waits before SIGTERM

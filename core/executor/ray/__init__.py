@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from hwlaunch.executor.ray._executor import RayExecutor, RankNode
+from hwlaunch.executor.ray._executor import RankNode, RayExecutor
 
 __all__ = ["RankNode", "RayExecutor"]

@@ -42,9 +42,6 @@ from hwlaunch.errors import (
     WorkerDiedError,
     WorkerStartupError,
 )
-from hwlaunch.executor.base import Executor, StatusCallback, free_port, raise_first_failure
-from hwlaunch.plan import Plan
-from hwlaunch.worker import Worker
 from hwlaunch.executor._runtime import (
     Failure,
     answer,
@@ -55,6 +52,9 @@ from hwlaunch.executor._runtime import (
     method_label,
     start_worker,
 )
+from hwlaunch.executor.base import Executor, StatusCallback, free_port, raise_first_failure
+from hwlaunch.plan import Plan
+from hwlaunch.worker import Worker
 
 DEFAULT_STARTUP_TIMEOUT = 600.0
 SHUTDOWN_GRACE = 5.0
