@@ -41,13 +41,13 @@ from hwlaunch import (
 from hwlaunch.cli import main as cli_main
 from hwlaunch.hookspecs import ENTRY_POINT_GROUP
 from hwlaunch.planning import registry as registry_module
+from hwlaunch.planning._config import load_config_file
 from hwlaunch.planning.registry import load_registry
 from hwlaunch.planning.resolver import resolve_with_sources
 from hwlaunch.planning.settings import (
     BACKEND_TABLE_KEYS,
     ENV_VARS,
     TOP_LEVEL_KEYS,
-    load_config_file,
 )
 
 pytestmark = pytest.mark.usefixtures("clean_env")

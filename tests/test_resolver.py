@@ -24,7 +24,7 @@ from hwlaunch import (
     StartMethodError,
 )
 from hwlaunch.plan import DeviceFacts, MainGuard, RuntimeFacts
-from hwlaunch.planning.resolver import decide
+from hwlaunch.planning.rules import decide
 from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.plugins import cpu, cuda, hpu, xpu
 

@@ -38,7 +38,7 @@ from hwlaunch.errors import MissingMainGuardError, StartMethodError
 from hwlaunch.plan import Plan
 from hwlaunch.planning.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.planning.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
-from hwlaunch.planning.resolver import decide
+from hwlaunch.planning.rules import decide
 from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.spec import START_METHODS, BackendSpec
 from hwlaunch.worker import Worker
