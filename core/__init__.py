@@ -10,6 +10,7 @@ from __future__ import annotations
 from hwlaunch.errors import (
     BackendUnavailableError,
     ConfigError,
+    ExecutorClosedError,
     HwlaunchError,
     MissingMainGuardError,
     PluginError,
@@ -57,6 +58,7 @@ __all__ = [
     "ConfigError",
     "Decision",
     "Executor",
+    "ExecutorClosedError",
     "HwlaunchError",
     "MissingMainGuardError",
     "Plan",

@@ -1,23 +1,8 @@
 """The ray executor: one Ray actor per rank, placed by a placement group, across nodes.
 
 Ray is an optional dependency (``pip install 'hwlaunch[ray]'``), imported only here and only
-when this executor runs. hwlaunch joins the cluster named by ``ray_address``, else the Ray
-instance this process is already connected to, else it starts a private local instance bound
-to 127.0.0.1. It ends only a connection it made itself: ``ray.shutdown()`` on a connection to
-an existing cluster disconnects this driver and leaves the cluster running, and the local
-instance hwlaunch started goes away with its last executor.
-
-Placement: ``world_size`` bundles of one unit of the backend's Ray resource (``CPU``, ``GPU``,
-``HPU``...). With one node (the default) the strategy is PACK, which fills a node before using
-the next one, so a world size larger than one node's devices spills over to other nodes. With
-``nnodes > 1`` it is STRICT_SPREAD when there is one rank per node (each bundle on its own
-node, guaranteed) and SPREAD otherwise (bundles spread as evenly as Ray can; a warning says
-when the ranks landed on a number of nodes other than ``nnodes``). Ranks are numbered node by
-node, so the ranks of one node are contiguous and ``local_rank`` is the index among them, as
-under torchrun.
-
-The worker inside each actor is the backend's worker class, built and called through
-``hwlaunch.executor._runtime`` exactly as in the mp executor, so errors and semantics match.
+when this executor runs. The connection is ``_cluster``'s, the placement ``_placement``'s, and
+what runs inside each actor ``_actor``'s.
 """
 
 from __future__ import annotations
@@ -27,245 +12,34 @@ import contextlib
 import importlib
 import os
 import re
-import socket
-import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
-from hwlaunch.errors import (
-    BackendUnavailableError,
-    RpcTimeoutError,
-    WorkerDiedError,
-    WorkerStartupError,
+from hwlaunch.errors import BackendUnavailableError, WorkerDiedError, WorkerStartupError
+from hwlaunch.executor._runtime import Failure, Request, dumps, loads
+from hwlaunch.executor.base import Executor, StatusCallback, gather, worker_environment
+from hwlaunch.executor.ray._actor import RankActor
+from hwlaunch.executor.ray._cluster import connect, import_ray, release
+from hwlaunch.executor.ray._placement import (
+    RankNode,
+    actor_resources,
+    local_ranks,
+    node_visibility,
+    placement_error,
+    placement_strategy,
+    rank_order,
 )
-from hwlaunch.executor._runtime import (
-    Failure,
-    answer,
-    dumps,
-    encode_extension,
-    encode_method,
-    loads,
-    method_label,
-    start_worker,
-)
-from hwlaunch.executor.base import Executor, StatusCallback, free_port, raise_first_failure
 from hwlaunch.plan import Plan
-from hwlaunch.worker import Worker
 
-DEFAULT_STARTUP_TIMEOUT = 600.0
+__all__ = ["RayExecutor"]
+
 SHUTDOWN_GRACE = 5.0
 # Ray copies arguments up to this size into each call; a larger payload is put in the object
 # store once and shared by every rank.
 INLINE_ARGS_LIMIT = 100 * 1024
-
-
-LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-def import_ray(*, loopback: bool = False) -> Any:
-    """The ``ray`` module, or an error that says how to install it.
-
-    With ``loopback`` (hwlaunch may start a private local instance), ``LOOPBACK_VAR=0`` is set
-    unless the user set it: Ray reads it once, at import, and without it replaces a node address
-    of 127.0.0.1 by the machine's routable one, exposing the instance on the network.
-    """
-    if loopback and "ray" not in sys.modules:
-        os.environ.setdefault(LOOPBACK_VAR, "0")
-    try:
-        return importlib.import_module("ray")
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"the ray executor needs Ray, which cannot be imported here ({exc}). "
-            "Fix: pip install 'hwlaunch[ray]', or use executor 'mp' for one node"
-        ) from None
-
-
-# -- the connection to Ray ---------------------------------------------------------------
-_connection_lock = threading.Lock()
-_connection_users = 0  # live executors on the connection hwlaunch made (0: none made)
-_connection_job: str | None = None  # that connection's job id, to recognise it
-
-
-def _setting_source(plan: Plan, setting: str, default: str) -> str:
-    try:
-        return plan.decision(setting).source
-    except KeyError:
-        return default
-
-
-def probe_address(address: str, timeout: float = 10.0) -> None:
-    """Fail fast on an address nothing listens at: ``ray.init`` would retry it for minutes."""
-    host, sep, port = address.removeprefix("ray://").rpartition(":")
-    if not sep or not port.isdigit():
-        return  # "auto", or a form Ray resolves itself
-    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-        pass
-
-
-def connect(ray: Any, plan: Plan, warnings: list[str]) -> bool:
-    """Join the plan's cluster; True when hwlaunch made the connection and must end it."""
-    global _connection_users, _connection_job
-    with _connection_lock:
-        if ray.is_initialized():
-            context = ray.get_runtime_context()
-            current = context.gcs_address
-            if plan.ray_address not in (None, "auto", current):
-                warnings.append(
-                    f"ray_address {plan.ray_address!r} is not used: this process is already "
-                    f"connected to the Ray cluster at {current}"
-                )
-            if _connection_users and context.get_job_id() == _connection_job:
-                _connection_users += 1
-                return True
-            return False
-        if plan.ray_address:
-            kwargs: dict[str, Any] = {"address": plan.ray_address}
-        else:
-            # "local" starts a new instance even when `ray start` runs on this machine; it is
-            # private to this job, so it listens on the loopback interface only.
-            kwargs = {
-                "address": "local",
-                "include_dashboard": False,
-                "_node_ip_address": "127.0.0.1",
-            }
-            if os.environ.get(LOOPBACK_VAR) != "0":
-                warnings.append(
-                    f"the local Ray instance may bind to this machine's network address: Ray "
-                    f"was imported before hwlaunch could set {LOOPBACK_VAR}=0. Set it before "
-                    "importing ray to keep the instance on 127.0.0.1"
-                )
-        try:
-            if plan.ray_address:
-                probe_address(plan.ray_address)
-            ray.init(**kwargs)
-        except Exception as exc:
-            if plan.ray_address:
-                source = _setting_source(plan, "ray_address", "ray_address")
-                raise BackendUnavailableError(
-                    f"cannot connect to the Ray cluster at {plan.ray_address!r} (from {source}): "
-                    f"{type(exc).__name__}: {exc}. Fix: check that the cluster is up and "
-                    f"reachable (`ray status --address {plan.ray_address}`), or unset "
-                    "ray_address to start a local Ray instance"
-                ) from exc
-            raise BackendUnavailableError(
-                f"cannot start a local Ray instance: {type(exc).__name__}: {exc}"
-            ) from exc
-        _connection_users = 1
-        _connection_job = ray.get_runtime_context().get_job_id()
-        return True
-
-
-def release(ray: Any) -> None:
-    """One executor less on hwlaunch's connection; the last one ends it."""
-    global _connection_users, _connection_job
-    with _connection_lock:
-        _connection_users = max(_connection_users - 1, 0)
-        if _connection_users == 0:
-            _connection_job = None
-            if ray.is_initialized():
-                ray.shutdown()
-
-
-# -- placement -----------------------------------------------------------------------------
-def placement_strategy(plan: Plan) -> str:
-    if plan.nnodes <= 1:
-        return "PACK"
-    return "STRICT_SPREAD" if plan.world_size == plan.nnodes else "SPREAD"
-
-
-def actor_resources(resource: str) -> dict[str, Any]:
-    """What each rank's actor takes from its bundle of ``{resource: 1}``."""
-    if resource == "CPU":
-        return {"num_cpus": 1}
-    if resource == "GPU":
-        return {"num_cpus": 0, "num_gpus": 1}
-    return {"num_cpus": 0, "resources": {resource: 1}}
-
-
-def rank_order(bundle_nodes: Mapping[int, str]) -> list[int]:
-    """The bundle of each rank: grouped by node (nodes in order of their first bundle)."""
-    first: dict[str, int] = {}
-    for bundle in sorted(bundle_nodes):
-        first.setdefault(bundle_nodes[bundle], bundle)
-    return sorted(bundle_nodes, key=lambda b: (first[bundle_nodes[b]], b))
-
-
-def local_ranks(node_of_rank: Sequence[str]) -> list[tuple[int, int]]:
-    """(local rank, local world size) of each rank: its index among the ranks of its node."""
-    seen: dict[str, int] = {}
-    local = []
-    for node in node_of_rank:
-        local.append(seen.get(node, 0))
-        seen[node] = local[-1] + 1
-    return [(lr, seen[node]) for lr, node in zip(local, node_of_rank, strict=True)]
-
-
-def placement_error(ray: Any, plan: Plan, strategy: str) -> str:
-    """What was asked, what the cluster has, and how to fix it."""
-    res, n = plan.ray_resource, plan.world_size
-    total = float(ray.cluster_resources().get(res, 0))
-    available = float(ray.available_resources().get(res, 0))
-    alive = [node for node in ray.nodes() if node.get("Alive")]
-    holding = [node for node in alive if node.get("Resources", {}).get(res, 0) >= 1]
-    source = _setting_source(plan, "ray_pg_timeout", "HWLAUNCH_RAY_PG_TIMEOUT")
-    spread = ", one per node" if strategy == "STRICT_SPREAD" else ""
-    head = (
-        f"Ray could not place {n} workers of backend {plan.backend} with {{{res!r}: 1}} each "
-        f"(strategy {strategy}{spread}) within {plan.ray_pg_timeout:g}s (ray_pg_timeout from "
-        f"{source}): "
-    )
-    if total == 0:
-        has = ", ".join(
-            f"{key} {value:g}"
-            for key, value in sorted(ray.cluster_resources().items())
-            if not key.startswith("node:") and key not in ("memory", "object_store_memory")
-        )
-        why = f"the cluster has no {res!r} resource at all (it has {has or 'nothing'})"
-        fix = (
-            f"start the Ray nodes on machines with {plan.backend} devices, declaring them "
-            f"(`ray start --resources '{{\"{res}\": N}}'` when Ray does not detect them), or "
-            "choose a backend the cluster has"
-        )
-    elif total < n:
-        why = (
-            f"the cluster has {total:g} {res} in total on {len(holding)} node(s): "
-            f"{n - total:g} {res} missing"
-        )
-        fix = f"add nodes with {res} to the cluster, or use world_size <= {int(total)}"
-    elif strategy == "STRICT_SPREAD" and len(holding) < n:
-        why = f"it needs {n} distinct nodes with {res}, and the cluster has {len(holding)}"
-        fix = f"add nodes to the cluster, or use nnodes <= {len(holding)}"
-    else:
-        why = (
-            f"the cluster has {total:g} {res} in total but only {available:g} free now "
-            "(other jobs or actors hold the rest)"
-        )
-        fix = "wait for them to finish, or use a smaller world_size"
-    return f"{head}{why}. Fix: {fix}; raise HWLAUNCH_RAY_PG_TIMEOUT if nodes are still joining"
-
-
-def node_visibility(
-    nodes: Sequence[str], device_ids: Sequence[Sequence[str]]
-) -> dict[str, str | None]:
-    """Each node's device-visibility value: the devices Ray gave its ranks, in local-rank order.
-
-    Ray narrows a GPU actor's ``CUDA_VISIBLE_DEVICES`` to its own device, but workers bind to
-    device ``local_rank`` (as under the mp executor), so every rank of a node sees the devices
-    of all its ranks, ordered so that index ``local_rank`` is its own. None where Ray reported
-    no device ids for a rank (a resource Ray does not manage): the variable is left alone.
-    """
-    found: dict[str, list[str] | None] = {}
-    for node, ids in zip(nodes, device_ids, strict=True):
-        if node in found and found[node] is None:
-            continue
-        found[node] = [*(found.get(node) or []), *ids] if ids else None
-    return {node: None if ids is None else ",".join(ids) for node, ids in found.items()}
-
-
 _EXIT_TYPE = re.compile(r"exit type: (\w+)", re.IGNORECASE)
 
 
@@ -276,80 +50,6 @@ def ray_reason(exc: BaseException) -> str:
     if found:
         return f"Ray worker exit type {found.group(1)}"
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
-
-
-# -- the actor -----------------------------------------------------------------------------
-class RankActor:
-    """One rank inside a Ray actor process: hosts the backend's Worker."""
-
-    def __init__(self) -> None:
-        self.worker: Worker | None = None
-
-    def place(self, resource: str, want_port: bool) -> dict[str, Any]:
-        """Where this actor runs, the devices Ray gave it, and (rank 0) a rendezvous port."""
-        ray = import_ray()
-        context = ray.get_runtime_context()
-        node_id = context.get_node_id()
-        # The address the node was started with (127.0.0.1 for hwlaunch's local instance), not
-        # get_node_ip_address(), which answers with the machine's routable address.
-        ip = next(
-            (n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
-            ray.util.get_node_ip_address(),
-        )
-        return {
-            "node_id": node_id,
-            "node_ip": ip,
-            "pid": os.getpid(),
-            "device_ids": [str(i) for i in context.get_accelerator_ids().get(resource, [])],
-            "port": free_port(ip) if want_port else None,
-        }
-
-    def start(
-        self,
-        env: dict[str, str],
-        plan: Plan,
-        extension: bytes | str | None,
-        rank: int,
-        local_rank: int,
-        master_addr: str,
-        master_port: int,
-        init_distributed: bool,
-    ) -> Failure | None:
-        """Build the worker and run its start-up lifecycle; a failure comes back as data."""
-        os.environ.update(env)
-        try:
-            self.worker = start_worker(
-                plan,
-                extension,
-                rank=rank,
-                local_rank=local_rank,
-                master_addr=master_addr,
-                master_port=master_port,
-                init_distributed=init_distributed,
-            )
-        except BaseException as exc:
-            return Failure.current(exc)
-        return None
-
-    def call(self, payload: bytes) -> bytes:
-        """One RPC: ``(ok, result or Failure)``, pickled here so an unpicklable result is a
-        WorkerError, as under the mp executor."""
-        return answer(self.worker, payload)
-
-    def stop(self) -> None:
-        if self.worker is not None:
-            self.worker.shutdown()
-
-
-@dataclass(frozen=True)
-class RankNode:
-    """Where one rank runs."""
-
-    rank: int
-    local_rank: int
-    node_id: str
-    node_ip: str
-    pid: int
 
 
 class _ActorGroup:
@@ -364,7 +64,6 @@ class _ActorGroup:
         self.pg: Any = None
         self.actors: list[Any] = []
         self.nodes: list[RankNode] = []
-        self.died: WorkerDiedError | None = None
         self.closed = False
         self.busy = False
         self.lock = threading.Lock()
@@ -380,7 +79,7 @@ class _ActorGroup:
         try:
             if not ray.is_initialized():
                 return  # Ray's own shutdown already ended every actor and placement group
-            if polite and not self.busy and self.died is None and self.actors:
+            if polite and not self.busy and self.actors:
                 refs = [actor.stop.remote() for actor in self.actors]
                 ray.wait(refs, num_returns=len(refs), timeout=SHUTDOWN_GRACE)
             for actor in self.actors:
@@ -406,33 +105,34 @@ class RayExecutor(Executor):
         startup_timeout: float | None = None,
         on_status: StatusCallback | None = None,
     ) -> None:
-        self.plan = plan
-        self.warnings: list[str] = []
-        self._rpc_lock = threading.Lock()
-        extension = encode_extension(worker_extension)
         ray = import_ray(loopback=plan.ray_address is None)
-        self._group = _ActorGroup(ray, connect(ray, plan, self.warnings))
+        connection_warnings: list[str] = []
+        self._group = _ActorGroup(ray, connect(ray, plan, connection_warnings))
         self._finalizer = weakref.finalize(self, self._group.shutdown)
         # Registered after Ray's own exit hook, so it runs before Ray disconnects.
         atexit.register(self._finalizer)
-        timeout = startup_timeout or float(
-            os.environ.get("HWLAUNCH_STARTUP_TIMEOUT", DEFAULT_STARTUP_TIMEOUT)
+        self._errors = importlib.import_module("ray.exceptions")
+        self._pending_warnings = connection_warnings
+        super().__init__(
+            plan,
+            worker_extension,
+            init_distributed=init_distributed,
+            startup_timeout=startup_timeout,
+            on_status=on_status,
         )
-        try:
-            self._start(extension, init_distributed, timeout, on_status)
-        except BaseException:
-            self._group.shutdown(polite=False)
-            atexit.unregister(self._finalizer)
-            raise
+
+    @property
+    def nodes(self) -> list[RankNode]:
+        """Where each rank runs (node id, node IP, pid, local rank), in rank order."""
+        return list(self._group.nodes)
+
+    @property
+    def pids(self) -> list[int]:
+        return [node.pid for node in self._group.nodes]
 
     # -- start-up ------------------------------------------------------------------------
-    def _start(
-        self,
-        extension: bytes | str | None,
-        init_distributed: bool,
-        timeout: float,
-        on_status: StatusCallback | None,
-    ) -> None:
+    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+        self.warnings += self._pending_warnings
         group, plan, ray = self._group, self.plan, self._group.ray
         strategy = placement_strategy(plan)
         group.pg = ray.util.placement_group(
@@ -444,204 +144,158 @@ class RayExecutor(Executor):
         placed, _ = ray.wait([group.pg.ready()], timeout=plan.ray_pg_timeout)
         if not placed:
             raise BackendUnavailableError(placement_error(ray, plan, strategy))
-        deadline = time.monotonic() + timeout  # from here on, start-up is the workers' part
+        deadline = time.monotonic() + self.startup_timeout  # from here on, the workers' part
         table = ray.util.placement_group_table(group.pg)
         bundle_nodes = {int(b): str(n) for b, n in table["bundles_to_node_id"].items()}
         order = rank_order(bundle_nodes)
         node_of_rank = [bundle_nodes[b] for b in order]
-        local = local_ranks(node_of_rank)
         if plan.nnodes > 1 and len(set(node_of_rank)) != plan.nnodes:
             self.warnings.append(
                 f"the plan asks for {plan.nnodes} nodes, and Ray placed the {plan.world_size} "
                 f"ranks on {len(set(node_of_rank))} (strategy {strategy} is best-effort)"
             )
+        local = local_ranks(node_of_rank)
+        self._create_actors(order, local)
+        places = self._await(
+            [a.place.remote(plan.ray_resource, r == 0) for r, a in enumerate(group.actors)],
+            deadline,
+            lambda rank, place: self._status(rank, "started"),
+        )
+        group.nodes = [
+            RankNode(rank, local[rank][0], p["node_id"], p["node_ip"], p["pid"])
+            for rank, p in enumerate(places)
+        ]
+        visible = node_visibility(node_of_rank, [p["device_ids"] for p in places])
+        master = (places[0]["node_ip"], int(places[0]["port"]))
+        starts = [
+            actor.start.remote(
+                self._start_env(master, visible[node_of_rank[rank]]),
+                plan,
+                extension,
+                rank,
+                local[rank][0],
+                *master,
+                init_distributed,
+            )
+            for rank, actor in enumerate(group.actors)
+        ]
+        self._await(starts, deadline, self._started)
 
+    def _create_actors(self, order: list[int], local: list[tuple[int, int]]) -> None:
+        """One actor per rank in its bundle, with the rank's variables from process start."""
+        group, plan, ray = self._group, self.plan, self._group.ray
         strategies = importlib.import_module("ray.util.scheduling_strategies")
         actor_class = ray.remote(RankActor)
         inherited = {k: v for k, v in os.environ.items() if k.startswith("HWLAUNCH_")}
         for rank, bundle in enumerate(order):
-            env = {
-                **inherited,
-                **plan.env,
-                "RANK": str(rank),
-                "LOCAL_RANK": str(local[rank][0]),
-                "WORLD_SIZE": str(plan.world_size),
-                "LOCAL_WORLD_SIZE": str(local[rank][1]),
-            }
+            env = worker_environment(plan, rank, local[rank][0], "", 0, local[rank][1])
+            for key in ("MASTER_ADDR", "MASTER_PORT", plan.device_control_env_var):
+                env.pop(key or "", None)  # known once the actors are placed: see _start_env
             group.actors.append(
                 actor_class.options(
                     **actor_resources(plan.ray_resource),
                     scheduling_strategy=strategies.PlacementGroupSchedulingStrategy(
                         placement_group=group.pg, placement_group_bundle_index=bundle
                     ),
-                    runtime_env={"env_vars": env},
+                    runtime_env={"env_vars": {**inherited, **env}},
                 ).remote()
             )
 
-        def started(rank: int, place: dict[str, Any]) -> None:
-            if on_status:
-                on_status(rank, "started")
+    def _start_env(self, master: tuple[str, int], visible: str | None) -> dict[str, str]:
+        """What a rank learns once every actor is placed: the rendezvous and its node's devices
+        (left alone where Ray reported none)."""
+        env = {"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])}
+        var = self.plan.device_control_env_var
+        if var and visible is not None:
+            env[var] = visible
+        return env
 
-        places = self._await(
-            [a.place.remote(plan.ray_resource, r == 0) for r, a in enumerate(group.actors)],
-            deadline,
-            timeout,
-            started,
-        )
-        group.nodes = [
-            RankNode(rank, local[rank][0], p["node_id"], p["node_ip"], p["pid"])
-            for rank, p in enumerate(places)
-        ]
-        master_addr, master_port = places[0]["node_ip"], int(places[0]["port"])
-        visible = node_visibility(node_of_rank, [p["device_ids"] for p in places])
-
-        def ready(rank: int, failure: Failure | None) -> None:
-            if failure is not None:
-                raise WorkerStartupError(
-                    rank, f"{failure.exc_type}: {failure.message}", failure.traceback
-                )
-            if on_status:
-                on_status(rank, "ready")
-
-        starts = []
-        for rank, actor in enumerate(group.actors):
-            env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
-            var, value = plan.device_control_env_var, visible[node_of_rank[rank]]
-            if var and value is not None:
-                env[var] = value
-            starts.append(
-                actor.start.remote(
-                    env,
-                    plan,
-                    extension,
-                    rank,
-                    local[rank][0],
-                    master_addr,
-                    master_port,
-                    init_distributed,
-                )
+    def _started(self, rank: int, failure: Failure | None) -> None:
+        if failure is not None:
+            raise WorkerStartupError(
+                rank, f"{failure.exc_type}: {failure.message}", failure.traceback
             )
-        self._await(starts, deadline, timeout, ready)
+        self._status(rank, "ready")
 
     def _await(
-        self,
-        refs: list[Any],
-        deadline: float,
-        timeout: float,
-        on_result: Callable[[int, Any], None],
+        self, refs: list[Any], deadline: float, on_result: Callable[[int, Any], None]
     ) -> list[Any]:
         """Start-up results in rank order; any failure is a WorkerStartupError."""
-        ray = self._group.ray
-        errors = importlib.import_module("ray.exceptions")
-        pending = {ref: rank for rank, ref in enumerate(refs)}
+        ray, errors = self._group.ray, self._errors
         results: list[Any] = [None] * len(refs)
-        while pending:
-            remaining = max(deadline - time.monotonic(), 0.0)
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
-            if not ready:
+
+        def take(ref: Any, rank: int) -> bool:
+            try:
+                results[rank] = ray.get(ref)
+            except errors.RayActorError as exc:
                 raise WorkerStartupError(
-                    min(pending.values()),
-                    f"not ready within {timeout:g}s (HWLAUNCH_STARTUP_TIMEOUT); ranks still "
-                    f"starting: {sorted(pending.values())}",
-                )
-            for ref in ready:
-                rank = pending.pop(ref)
-                try:
-                    results[rank] = ray.get(ref)
-                except errors.RayActorError as exc:
-                    raise WorkerStartupError(
-                        rank, f"the Ray actor died while starting ({ray_reason(exc)})"
-                    ) from exc
-                except errors.RayError as exc:
-                    raise WorkerStartupError(rank, f"{type(exc).__name__}: {exc}") from exc
-                on_result(rank, results[rank])
+                    rank, f"the Ray actor died while starting ({ray_reason(exc)})"
+                ) from exc
+            except errors.RayError as exc:
+                raise WorkerStartupError(rank, f"{type(exc).__name__}: {exc}") from exc
+            on_result(rank, results[rank])
+            return True
+
+        gather(
+            {ref: rank for rank, ref in enumerate(refs)},
+            self._wait_one,
+            take,
+            max(deadline - time.monotonic(), 0.0),
+            self._startup_timed_out,
+        )
         return results
+
+    def _wait_one(self, refs: list[Any], remaining: float | None) -> list[Any]:
+        ready, _ = self._group.ray.wait(refs, num_returns=1, timeout=remaining)
+        return list(ready)
 
     # -- RPC -----------------------------------------------------------------------------
-    def collective_rpc(
-        self,
-        method: str | Callable[..., Any],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> list[Any]:
-        payload = dumps((encode_method(method), tuple(args), dict(kwargs or {})))
-        with self._rpc_lock:
-            group = self._group
-            self._raise_if_unusable()
-            ray = group.ray
-            arg = ray.put(payload) if len(payload) > INLINE_ARGS_LIMIT else payload
-            group.busy = True
-            try:
-                refs = [actor.call.remote(arg) for actor in group.actors]
-                return self._gather(refs, method, timeout)
-            except KeyboardInterrupt:
-                group.shutdown(polite=False)
-                raise
-            finally:
-                group.busy = False
-
-    def _gather(
-        self, refs: list[Any], method: str | Callable[..., Any], timeout: float | None
-    ) -> list[Any]:
-        group = self._group
-        ray = group.ray
-        errors = importlib.import_module("ray.exceptions")
-        pending = {ref: rank for rank, ref in enumerate(refs)}
-        results: list[Any] = [None] * len(refs)
+    def _exchange(
+        self, request: Request, label: str, timeout: float | None
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        group, ray = self._group, self._group.ray
+        payload = dumps(request)
+        arg = ray.put(payload) if len(payload) > INLINE_ARGS_LIMIT else payload
+        results: list[Any] = [None] * len(group.actors)
         failures: dict[int, Failure] = {}
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while pending:
-            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
-            if not ready:
-                group.shutdown(polite=False)
-                raise RpcTimeoutError(method_label(method), sorted(pending.values()), timeout or 0)
-            for ref in ready:
-                rank = pending.pop(ref)
-                try:
-                    ok, value = loads(ray.get(ref))
-                except errors.RayActorError as exc:
-                    raise self._died(rank, exc) from exc
-                if ok:
-                    results[rank] = value
-                else:
-                    failures[rank] = value
-        raise_first_failure(failures)
-        return results
 
-    def _died(self, rank: int, exc: BaseException) -> Exception:
-        group = self._group
-        if group.died is None:
-            if group.closed:
-                return RuntimeError("this executor was shut down during the call")
-            node = group.nodes[rank]
-            group.died = WorkerDiedError(
-                rank, node.pid, None, f"Ray actor on node {node.node_ip}, {ray_reason(exc)}"
+        def take(ref: Any, rank: int) -> bool:
+            try:
+                ok, value = loads(ray.get(ref))
+            except self._errors.RayActorError as exc:
+                raise self._actor_died(rank, label, exc) from exc
+            if ok:
+                results[rank] = value
+            else:
+                failures[rank] = value
+            return True
+
+        group.busy = True
+        try:
+            refs = [actor.call.remote(arg) for actor in group.actors]
+            gather(
+                {ref: rank for rank, ref in enumerate(refs)},
+                self._wait_one,
+                take,
+                timeout,
+                lambda ranks: self._timed_out(label, ranks, timeout),
             )
-        group.shutdown(polite=False)
-        return group.died
+        finally:
+            group.busy = False
+        return results, failures
 
-    def _raise_if_unusable(self) -> None:
-        group = self._group
-        if group.died is not None:
-            raise group.died
-        if group.closed:
-            raise RuntimeError("this executor was shut down; launch a new one")
+    def _actor_died(self, rank: int, label: str, exc: BaseException) -> Exception:
+        if self._group.closed and self._died is None:
+            return self._closed_during(label)
+        node = self._group.nodes[rank]
+        died = WorkerDiedError(
+            rank, node.pid, None, f"Ray actor on node {node.node_ip}, {ray_reason(exc)}"
+        )
+        return self._worker_died(died)
 
-    def check_health(self) -> None:
-        self._raise_if_unusable()
-        self.collective_rpc("ping", timeout=30.0)
-
-    def shutdown(self) -> None:
-        self._finalizer()
+    def _stop(self, polite: bool = True) -> None:
+        if polite:
+            self._finalizer()
+        else:
+            self._group.shutdown(polite=False)
         atexit.unregister(self._finalizer)
-
-    @property
-    def nodes(self) -> list[RankNode]:
-        """Where each rank runs (node id, node IP, pid, local rank), in rank order."""
-        return list(self._group.nodes)
-
-    @property
-    def pids(self) -> list[int]:
-        return [node.pid for node in self._group.nodes]
