@@ -67,7 +67,8 @@ def start_method(
     """The start method for the mp executor (None for the others), with its reason."""
     chosen = overrides.lookup("start_method", spec.name)
     if executor != "mp":
-        return _not_used(spec, executor, chosen, notes)
+        _not_used(spec, executor, chosen, notes)
+        return None
     _check_daemonic(notes.facts)
     hazard = fork_hazard(spec, notes.facts)
     if chosen is not None:

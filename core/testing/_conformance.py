@@ -35,8 +35,8 @@ from typing import Any, ClassVar
 import pytest
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
-from hwlaunch.plan import Plan
-from hwlaunch.planning.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
+from hwlaunch.plan import Plan, RuntimeFacts
+from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.planning.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
 from hwlaunch.planning.rules import decide
 from hwlaunch.planning.settings import Overrides, Sourced
@@ -527,6 +527,13 @@ class BackendConformance:
             reports = workers.collective_rpc("conformance_report", timeout=RPC_TIMEOUT)
             sums = workers.collective_rpc("all_reduce_rank", timeout=RPC_TIMEOUT)
             workers.check_health()
+        self.check_lifecycle(plan, executor, reports, sums, markers)
+
+    def check_lifecycle(
+        self, plan: Plan, executor: str, reports: list[Any], sums: list[Any], markers: Path
+    ) -> None:
+        """What every rank reported after start-up, the all-reduce, and its shutdown marker."""
+        spec, world = self.spec(), plan.world_size
         for rank, report in enumerate(reports):
             _same(
                 f"rank {rank} after start-up",

@@ -232,10 +232,10 @@ class MultiprocExecutor(Executor):
         sentinels = {p.sentinel: rank for rank, p in enumerate(group.processes)}
 
         def wait(conns: list[Connection], remaining: float | None) -> list[Connection]:
-            ready = connection.wait([*conns, *sentinels], timeout=remaining)
-            readable = [obj for obj in ready if not isinstance(obj, int)]
-            for obj in readable:  # replies first: a worker may answer, then end
-                take_reply(obj, by_conn[obj])  # type: ignore[index]
+            ready: list[Any] = connection.wait([*conns, *sentinels], timeout=remaining)
+            for obj in ready:  # replies first: a worker may answer, then end
+                if not isinstance(obj, int):
+                    take_reply(obj, by_conn[obj])
             for obj in ready:
                 if isinstance(obj, int):
                     raise self._lost(sentinels[obj], label)

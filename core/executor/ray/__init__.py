@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from hwlaunch.executor.ray._executor import RankNode, RayExecutor
+from hwlaunch.executor.ray._executor import RayExecutor
+from hwlaunch.executor.ray._placement import RankNode
 
 __all__ = ["RankNode", "RayExecutor"]
