@@ -55,6 +55,9 @@ class PluginRecord:
 
 @dataclass(frozen=True)
 class RegisteredBackend:
+    """A backend in the registry: its validated spec and the plugin that registered it (for
+    ``hwlaunch backends`` and for errors that name the plugin)."""
+
     spec: BackendSpec
     plugin: PluginRecord
 
