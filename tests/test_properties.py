@@ -40,8 +40,10 @@ from hwlaunch import (
 )
 from hwlaunch.cli import main as cli_main
 from hwlaunch.hookspecs import ENTRY_POINT_GROUP
+from hwlaunch.plan import REIMPORT_UNSAFE
 from hwlaunch.planning import registry as registry_module
 from hwlaunch.planning._config import load_config_file
+from hwlaunch.planning.facts import MAIN_GUARD_VALUES
 from hwlaunch.planning.registry import load_registry
 from hwlaunch.planning.resolver import resolve_with_sources
 from hwlaunch.planning.settings import (
@@ -378,7 +380,7 @@ KWARG_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "start_method": st.sampled_from(["fork", "spawn", "forkserver"]) | junk,
     "ray_address": st.sampled_from(["auto", "ray://h:1"]) | junk,
 }
-GUARDS = st.sampled_from(["guarded", "unguarded", "unknown", "no-main-file"])
+GUARDS = st.sampled_from([g for g in MAIN_GUARD_VALUES if g != "reimporting"])
 
 
 @PROPERTY
@@ -407,7 +409,7 @@ def test_environment_and_arguments_give_a_plan_or_name_the_source(
         return
     assert plan.executor in ("uni", "mp", "ray")
     assert plan.world_size >= 1 and 1 <= plan.nnodes <= plan.world_size
-    if plan.executor == "mp" and guard == "unguarded":
+    if plan.executor == "mp" and guard in REIMPORT_UNSAFE:
         assert plan.start_method == "fork"  # never a method that re-imports an unguarded main
 
 

@@ -10,7 +10,7 @@ import multiprocessing
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, cast
+from typing import Any, get_args
 
 from hwlaunch._checks import did_you_mean, parse_truthy
 from hwlaunch.errors import ConfigError
@@ -18,7 +18,7 @@ from hwlaunch.plan import DeviceFacts, MainGuard, MainGuardStatus, RuntimeFacts
 from hwlaunch.planning.mainguard import detect_main_guard
 from hwlaunch.spec import START_METHODS, BackendSpec
 
-MAIN_GUARD_VALUES = ("guarded", "unguarded", "no-main-file", "unknown")
+MAIN_GUARD_VALUES: tuple[MainGuardStatus, ...] = get_args(MainGuardStatus)
 GLOBAL_KEYS = ("main_guard", "daemonic", "in_ray_actor", "start_methods")
 DEVICE_KEYS = ("available", "device_count", "initialized")
 
@@ -155,7 +155,7 @@ def apply_assumptions(
                     f"{did_you_mean(status, MAIN_GUARD_VALUES)} "
                     f"(allowed: {', '.join(MAIN_GUARD_VALUES)})"
                 )
-            changes["main_guard"] = MainGuard(cast(MainGuardStatus, status), detail="assumed")
+            changes["main_guard"] = MainGuard(status, detail="assumed")
         elif key == "start_methods":
             methods = tuple(m.strip() for m in str(raw).split(",") if m.strip())
             bad = [m for m in methods if m not in START_METHODS]

@@ -10,12 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
-from hwlaunch.plan import RuntimeFacts
+from hwlaunch.plan import REIMPORT_UNSAFE, RuntimeFacts
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.spec import BackendSpec, StartMethod
 
-__all__ = ["ForkHazard", "fork_hazard", "main_guard_rule", "preload_of", "start_method"]
+__all__ = [
+    "ForkHazard",
+    "fork_hazard",
+    "main_guard_rule",
+    "preload_of",
+    "reimport_error",
+    "start_method",
+]
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,14 @@ def preload_of(spec: BackendSpec) -> tuple[str, ...]:
     return tuple(dict.fromkeys((*spec.start_methods.preload, spec.worker.partition(":")[0])))
 
 
+def not_offered(method: str, source: str, facts: RuntimeFacts) -> StartMethodError:
+    offered = facts.os_start_methods
+    return StartMethodError(
+        f"start method {method!r} from {source} is not offered by this "
+        f"OS{facts.mark('start_methods')} (offered: {', '.join(offered)})"
+    )
+
+
 def disallowed(method: str, source: str, spec: BackendSpec) -> StartMethodError:
     rule = spec.start_methods
     return StartMethodError(
@@ -65,6 +80,8 @@ def start_method(
     spec: BackendSpec, executor: str, overrides: Overrides, notes: Notes
 ) -> StartMethod | None:
     """The start method for the mp executor (None for the others), with its reason."""
+    if notes.facts.main_guard.status == "reimporting":
+        raise reimport_error(notes.facts)
     chosen = overrides.lookup("start_method", spec.name)
     if executor != "mp":
         _not_used(spec, executor, chosen, notes)
@@ -87,6 +104,8 @@ def _not_used(
 ) -> None:
     """uni and ray start no local processes: a start method is checked against the rule, then
     ignored with a warning."""
+    if chosen is not None and chosen.value not in notes.facts.os_start_methods:
+        raise not_offered(chosen.value, chosen.source, notes.facts)
     if chosen is not None and chosen.value not in spec.start_methods.allowed:
         raise disallowed(chosen.value, chosen.source, spec)
     if chosen is not None:
@@ -121,10 +140,7 @@ def _requested(
     method, facts, rule = chosen.value, notes.facts, spec.start_methods
     offered = facts.os_start_methods
     if method not in offered:
-        raise StartMethodError(
-            f"start method {method!r} from {chosen.source} is not offered by this "
-            f"OS{facts.mark('start_methods')} (offered: {', '.join(offered)})"
-        )
+        raise not_offered(method, chosen.source, facts)
     if method not in rule.allowed:
         raise disallowed(method, chosen.source, spec)
     if method == "fork" and hazard is not None:
@@ -211,20 +227,21 @@ def main_guard_rule(
     requested: Sourced[StartMethod] | None,
     notes: Notes,
 ) -> tuple[StartMethod, str, str]:
-    """spawn and forkserver re-import ``__main__`` in every worker: with an unguarded main, a
-    requested method is an error; a rule's method becomes fork where fork is usable, else an
-    error. Returns the (method, source, reason) to use."""
-    if method == "fork" or notes.facts.main_guard.status != "unguarded":
+    """spawn and forkserver re-import ``__main__`` in every worker: with a main that is unsafe
+    to re-import (unguarded, unreadable, or not analysable), a requested method is an error; a
+    rule's method becomes fork where fork is usable, else an error. Returns the (method,
+    source, reason) to use."""
+    guard = notes.facts.main_guard
+    if method == "fork" or guard.status not in REIMPORT_UNSAFE:
         return method, source, reason
     if requested is not None or not fork_usable(spec, notes.facts):
         raise guard_error(method, source, spec, notes.facts)
-    where = guard_location(notes.facts)
     notes.warn(
-        f'{where} launches at module level without an `if __name__ == "__main__":` '
-        f"guard, so {method} would re-import it in every worker; using fork instead. "
-        "Add the guard to use " + method
+        f"{guard.problem()} if started with {method}; using fork instead. Add an "
+        f'`if __name__ == "__main__":` guard around the launch to use {method}'
     )
-    reason = f"fork is the only safe method for an unguarded main ({where})"
+    where = guard_location(notes.facts)
+    reason = f"fork is the only safe method: main guard {guard.status} ({where})"
     return "fork", notes.fact("main_guard"), reason
 
 
@@ -239,7 +256,7 @@ def fork_usable(spec: BackendSpec, facts: RuntimeFacts) -> bool:
 
 def guard_location(facts: RuntimeFacts) -> str:
     guard = facts.main_guard
-    return f"{guard.file}:{guard.line}" if guard.file else "the main script"
+    return guard.where() or guard.file or "the main script"
 
 
 def guard_error(
@@ -256,11 +273,27 @@ def guard_error(
         )
     else:
         alternative = f" (fork is not an option: {hazard.why if hazard else ''})"
+    guard = facts.main_guard
+    if guard.status == "unguarded":
+        fix = 'put the launch in a function and call it under `if __name__ == "__main__":`'
+    else:
+        fix = (
+            'put the launch under `if __name__ == "__main__":` in a source file and run '
+            "that file (python train.py)"
+        )
     return MissingMainGuardError(
-        f"{guard_location(facts)} starts workers at module level, outside an "
-        f'`if __name__ == "__main__":` block{facts.mark("main_guard")}, with start '
-        f"method {method!r} (from {source}). {method} re-imports __main__ in every worker, "
-        "so each worker would launch again and Python would fail with its 'bootstrapping "
-        "phase' RuntimeError. Fix: put the launch in a function and call it under "
-        f'`if __name__ == "__main__":`{alternative}'
+        f"{guard.problem()}{facts.mark('main_guard')}, with start method {method!r} "
+        f"(from {source}): {method} re-imports __main__ in every worker, and Python would "
+        f"fail with its 'bootstrapping phase' RuntimeError or run the job twice. Fix: "
+        f"{fix}{alternative}"
+    )
+
+
+def reimport_error(facts: RuntimeFacts) -> MissingMainGuardError:
+    """A launch reached while a spawned child re-runs ``__main__``: never a second run."""
+    return MissingMainGuardError(
+        f"{facts.main_guard.problem()}{facts.mark('main_guard')}: the program is "
+        "being re-imported by a spawned child (a multiprocessing Pool, DataLoader or "
+        "compile worker started with spawn or forkserver), and launching here would start "
+        'the whole job again. Fix: put the launch under `if __name__ == "__main__":`'
     )
