@@ -13,7 +13,7 @@ import pytest
 
 from hwlaunch import resolve
 from hwlaunch.errors import ConfigError
-from hwlaunch.launchers import LAUNCHERS, Found, detect_launcher, expand_hostlist
+from hwlaunch.planning.launchers import LAUNCHERS, Found, detect_launcher, expand_hostlist
 
 TORCHRUN = {
     "TORCHELASTIC_RUN_ID": "job1",

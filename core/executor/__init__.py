@@ -10,14 +10,7 @@ parent encodes requests with ``encode_method`` and ``dumps``, raises a rank's Fa
 
 from __future__ import annotations
 
-from hwlaunch.executor.base import (
-    Executor,
-    StatusCallback,
-    free_port,
-    raise_first_failure,
-    worker_environment,
-)
-from hwlaunch.worker_runtime import (
+from hwlaunch.executor._runtime import (
     Failure,
     answer,
     dumps,
@@ -26,6 +19,13 @@ from hwlaunch.worker_runtime import (
     loads,
     method_label,
     start_worker,
+)
+from hwlaunch.executor.base import (
+    Executor,
+    StatusCallback,
+    free_port,
+    raise_first_failure,
+    worker_environment,
 )
 
 __all__ = [

@@ -6,9 +6,9 @@ It starts no process. This process becomes its own rank's worker: the backend's 
 this rank only and returns a one-element list; the other ranks run the same program and make
 the same call, which is how collectives inside it meet.
 
-What carries over from the other executors: the worker lives on one dedicated thread (as in
-the uni executor), so per-thread device state is the same for start-up and every call, and a
-call can time out; errors are the same (an exception in the call raises WorkerError with its
+What carries over from the other executors: it is the uni executor with the launcher's rank
+and rendezvous, so the worker lives on one dedicated thread, per-thread device state is the
+same for start-up and every call, and a call can time out; errors are the same (an exception in the call raises WorkerError with its
 traceback and this rank; a failed start raises WorkerStartupError).
 
 What does not apply, because the launcher owns the processes:
@@ -25,36 +25,24 @@ What does not apply, because the launcher owns the processes:
 The rendezvous: under torchrun the agent already serves the store at ``MASTER_ADDR:MASTER_PORT``
 (and tells its workers so with ``TORCHELASTIC_USE_AGENT_STORE``), so the worker joins it through
 torch's own ``env://`` rendezvous. Under SLURM and MPI rank 0 hosts the store itself at the
-address the plan shows (``hwlaunch.launchers`` says how it is derived).
+address the plan shows (``hwlaunch.planning.launchers`` says how it is derived).
 """
 
 from __future__ import annotations
 
 import atexit
-import queue
-import threading
 import weakref
-from collections.abc import Callable
-from concurrent.futures import Future, wait
 from typing import Any
 
-from hwlaunch.errors import ConfigError, RpcTimeoutError, WorkerStartupError
-from hwlaunch.executor.base import Executor, StatusCallback, raise_first_failure
-from hwlaunch.launchers import LauncherInfo, detect_launcher
-from hwlaunch.plan import Plan
+from hwlaunch.errors import ConfigError
+from hwlaunch.executor._runtime import worker_class
+from hwlaunch.executor.base import StatusCallback
+from hwlaunch.executor.uni import UniExecutor
+from hwlaunch.plan import LauncherInfo, Plan
+from hwlaunch.planning.launchers import detect_launcher
 from hwlaunch.worker import Worker
-from hwlaunch.worker_runtime import (
-    Failure,
-    call,
-    encode_extension,
-    encode_method,
-    method_label,
-    worker_class,
-)
 
-SHUTDOWN_WAIT = 5.0  # seconds shutdown() waits for the worker's own shutdown()
-
-_Job = tuple[Callable[[], Any], "Future[Any]"]
+__all__ = ["ExternalExecutor"]
 
 
 class EnvRendezvous:
@@ -111,7 +99,10 @@ def _shutdown_at_exit(ref: weakref.ref[ExternalExecutor]) -> None:
         executor.shutdown()
 
 
-class ExternalExecutor(Executor):
+class ExternalExecutor(UniExecutor):
+    """This process is one rank of a job a launcher started: ``collective_rpc`` returns this
+    rank's result as a one-element list."""
+
     def __init__(
         self,
         plan: Plan,
@@ -121,114 +112,38 @@ class ExternalExecutor(Executor):
         startup_timeout: float | None = None,
         on_status: StatusCallback | None = None,
     ) -> None:
-        self.plan = plan
-        self.warnings: list[str] = []
         self.launcher = detect_launcher()
-        self.rank, local_rank, addr, port = placement(plan, self.launcher, init_distributed)
-        cls = worker_class(plan, encode_extension(worker_extension))
+        self.rank, self._local_rank, self._addr, self._port = placement(
+            plan, self.launcher, init_distributed
+        )
+        super().__init__(
+            plan,
+            worker_extension,
+            init_distributed=init_distributed,
+            startup_timeout=startup_timeout,
+            on_status=on_status,
+        )
+        atexit.register(_shutdown_at_exit, weakref.ref(self))
+
+    def _check_plan(self, plan: Plan) -> None:
+        """placement() has checked the plan against the launcher."""
+
+    def _thread_name(self) -> str:
+        return f"hwlaunch-external-rank{self.rank}"
+
+    def _build_worker(self, extension: bytes | str | None, init_distributed: bool) -> Worker:
+        cls = worker_class(self.plan, extension)
         if self.launcher.launcher == "torchrun":
             cls = type(cls.__name__, (EnvRendezvous, cls), {})
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._rpc_lock = threading.Lock()
-        self._state_lock = threading.Lock()
-        self._closed_because: str | None = None
-        self._worker: Worker | None = None
-        self._thread = threading.Thread(
-            target=self._run, name=f"hwlaunch-external-rank{self.rank}", daemon=True
+        worker = cls(
+            rank=self.rank,
+            local_rank=self._local_rank,
+            world_size=self.plan.world_size,
+            plan=self.plan,
+            master_addr=self._addr,
+            master_port=self._port,
         )
-        self._thread.start()
-        if on_status:
-            on_status(self.rank, "adopted")
-
-        def build() -> Worker:
-            worker = cls(
-                rank=self.rank,
-                local_rank=local_rank,
-                world_size=plan.world_size,
-                plan=plan,
-                master_addr=addr,
-                master_port=port,
-            )
-            worker.init_device()
-            if init_distributed:
-                worker.init_distributed()
-            return worker
-
-        future = self._submit(build)
-        if not wait([future], startup_timeout).done:
-            future.add_done_callback(lambda f: f.exception() or f.result().shutdown())
-            self._close(f"the worker was not ready within {startup_timeout:g}s")
-            raise WorkerStartupError(self.rank, f"not ready within {startup_timeout:g}s")
-        error = future.exception()
-        if error is not None:
-            self._close("the worker failed to start")
-            failure = Failure.current(error)
-            raise WorkerStartupError(
-                self.rank, f"{failure.exc_type}: {failure.message}", failure.traceback
-            )
-        self._worker = future.result()
-        atexit.register(_shutdown_at_exit, weakref.ref(self))
-        if on_status:
-            on_status(self.rank, "ready")
-
-    def _run(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fn, future = job
-            if not future.set_running_or_notify_cancel():
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as exc:
-                future.set_exception(exc)
-
-    def _submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._jobs.put((fn, future))
-        return future
-
-    def collective_rpc(
-        self,
-        method: str | Callable[..., Any],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> list[Any]:
-        """Run ``method`` on this rank; ``[result]`` (the other ranks get theirs)."""
-        encoded = encode_method(method)
-        with self._rpc_lock:
-            with self._state_lock:
-                if self._closed_because is not None:
-                    raise RuntimeError(
-                        f"this executor was shut down ({self._closed_because}); launch a new one"
-                    )
-                worker = self._worker
-                assert worker is not None
-                future = self._submit(
-                    lambda: call(worker, encoded, tuple(args), dict(kwargs or {}))
-                )
-            if not wait([future], timeout).done:
-                label = method_label(method)
-                self._close(f"collective_rpc {label!r} timed out", wait_for_worker=False)
-                raise RpcTimeoutError(label, [self.rank], timeout or 0.0)
-            error = future.exception()
-            if error is not None:
-                raise_first_failure({self.rank: Failure.current(error)})
-            return [future.result()]
-
-    def check_health(self) -> None:
-        self.collective_rpc("ping", timeout=30.0)
-
-    def shutdown(self) -> None:
-        self._close("shutdown() was called")
-
-    def _close(self, reason: str, *, wait_for_worker: bool = True) -> None:
-        """Queue the worker's shutdown (leaving the process group) behind the running call."""
-        with self._state_lock:
-            if self._closed_because is not None:
-                return
-            self._closed_because = reason
-            worker = self._worker
-        done = self._submit(worker.shutdown) if worker is not None else None
-        self._jobs.put(None)
-        if wait_for_worker and done is not None and wait([done], SHUTDOWN_WAIT).done:
-            self._thread.join(SHUTDOWN_WAIT)
+        worker.init_device()
+        if init_distributed:
+            worker.init_distributed()
+        return worker

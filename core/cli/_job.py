@@ -38,13 +38,13 @@ class GenerationWorker:
     device: Any
 
     def load_model(self, path: str | None) -> str:
-        from hwlaunch import demo_model
+        from hwlaunch.cli import _demo_model as demo_model
 
         self._model = demo_model.load(path, self.device)
         return self._model.name
 
     def generate(self, prompts: list[str], max_new_tokens: int) -> list[dict[str, Any]]:
-        from hwlaunch import demo_model
+        from hwlaunch.cli import _demo_model as demo_model
 
         return demo_model.generate(self._model, prompts, max_new_tokens)
 
@@ -138,7 +138,7 @@ def reference_outputs(
 ) -> list[dict[str, Any]]:
     """All prompts through one model in one process: this one on CPU, else rank 0 alone."""
     if plan.backend == "cpu":
-        from hwlaunch import demo_model
+        from hwlaunch.cli import _demo_model as demo_model
 
         return demo_model.generate(demo_model.load(model), prompts, max_new_tokens)
 
@@ -148,10 +148,20 @@ def reference_outputs(
     return list(every_rank(executor, rank0_all, (prompts, max_new_tokens))[0])
 
 
+def _ping_median_ms(executor: Any, times: int = 5) -> float:
+    """The median round trip of a no-op collective_rpc, in milliseconds."""
+    latencies = []
+    for _ in range(times):
+        t0 = time.perf_counter()
+        executor.collective_rpc("ping")
+        latencies.append(time.perf_counter() - t0)
+    return statistics.median(latencies) * 1000
+
+
 def run_job(
     plan: Plan, *, model: str | None, prompts: list[str], max_new_tokens: int, quiet: bool
 ) -> dict[str, Any]:
-    from hwlaunch.launcher import launch
+    from hwlaunch.executor.launcher import launch
 
     timings: dict[str, float] = {}
     rank = this_rank(plan)  # under a launcher, every rank runs this; rank 0 reports
@@ -162,12 +172,7 @@ def run_job(
         launch(plan, worker_extension=GenerationWorker, on_status=progress) as executor,
     ):
         timings["time_to_ready_s"] = time.perf_counter() - started
-        latencies = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            executor.collective_rpc("ping")
-            latencies.append(time.perf_counter() - t0)
-        timings["rpc_latency_ms_median"] = statistics.median(latencies) * 1000
+        timings["rpc_latency_ms_median"] = _ping_median_ms(executor)
         t0 = time.perf_counter()
         sums = every_rank(executor, lambda w: w.all_reduce_rank())
         timings["allreduce_s"] = time.perf_counter() - t0

@@ -33,69 +33,22 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from dataclasses import replace
 
 from hwlaunch.errors import ConfigError
+from hwlaunch.plan import LAUNCHERS, NO_LAUNCHER, Found, LauncherInfo, LauncherName
 
-LauncherName = Literal["torchrun", "slurm", "mpi", "none"]
-LAUNCHERS: tuple[LauncherName, ...] = ("torchrun", "slurm", "mpi", "none")
+__all__ = [
+    "LAUNCHERS",
+    "NO_LAUNCHER",
+    "Found",
+    "LauncherInfo",
+    "detect_launcher",
+    "expand_hostlist",
+    "launcher_of",
+]
 SLURM_PORT_BASE = 10000
 SLURM_PORT_SPAN = 20000
-
-
-@dataclass(frozen=True)
-class Found:
-    """A value the launcher gave (or hwlaunch derived from what it gave), and from where."""
-
-    value: Any
-    source: str
-
-
-@dataclass(frozen=True)
-class LauncherInfo:
-    """What a launcher says about this rank. ``launcher == "none"`` leaves the rest None.
-
-    A value is None when the launcher did not say (an assumed launcher without its variables,
-    an MPI job with no ``MASTER_PORT``); ``missing`` then says what to set.
-    """
-
-    launcher: LauncherName = "none"
-    rank: Found | None = None
-    local_rank: Found | None = None
-    world_size: Found | None = None
-    local_world_size: Found | None = None
-    nnodes: Found | None = None
-    master_addr: Found | None = None
-    master_port: Found | None = None
-    missing: tuple[str, ...] = ()
-    evidence: str = ""
-
-    @property
-    def detected(self) -> bool:
-        return self.launcher != "none"
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "launcher": self.launcher,
-            "evidence": self.evidence,
-            "missing": list(self.missing),
-        }
-        for key in (
-            "rank",
-            "local_rank",
-            "world_size",
-            "local_world_size",
-            "nnodes",
-            "master_addr",
-            "master_port",
-        ):
-            found: Found | None = getattr(self, key)
-            out[key] = None if found is None else {"value": found.value, "source": found.source}
-        return out
-
-
-NO_LAUNCHER = LauncherInfo()
 
 
 class _Reader:

@@ -28,9 +28,9 @@ import pytest
 
 from hwlaunch.errors import WorkerError, WorkerStartupError
 from hwlaunch.executor.base import Executor
-from hwlaunch.launcher import executor_class, launch
-from hwlaunch.registry import load_registry
-from hwlaunch.resolver import resolve
+from hwlaunch.executor.launcher import executor_class, launch
+from hwlaunch.planning.registry import load_registry
+from hwlaunch.planning.resolver import resolve
 from hwlaunch.worker import Worker
 
 __all__ = ["ExecutorConformance"]
