@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 
 import hwlaunch
-from hwlaunch import ConfigError, Executor, RpcTimeoutError, Worker, WorkerError, WorkerStartupError
+from hwlaunch import (
+    ConfigError,
+    Executor,
+    ExecutorClosedError,
+    RpcTimeoutError,
+    Worker,
+    WorkerError,
+    WorkerStartupError,
+)
 from hwlaunch.executor.base import free_port
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -83,7 +91,7 @@ def test_this_process_is_the_worker(one_rank: list[Executor]) -> None:
     assert dist.is_initialized()  # joined through torchrun's env:// rendezvous
     executor.shutdown()
     assert not dist.is_initialized()  # shutdown left the process group
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(ExecutorClosedError, match="shut down"):
         executor.collective_rpc("ping")
 
 
@@ -101,7 +109,7 @@ def test_rpc_timeout_closes_the_executor(one_rank: list[Executor]) -> None:
     with pytest.raises(RpcTimeoutError) as info:
         executor.collective_rpc("nap", args=(1.0,), timeout=0.1)
     assert (info.value.method, info.value.ranks) == ("nap", [0])
-    with pytest.raises(RuntimeError, match="'nap' timed out"):
+    with pytest.raises(ExecutorClosedError, match="'nap' timed out"):
         executor.collective_rpc("ping")
     # the worker's own shutdown still runs once the nap is over: the process group is left
     # (and a test after this one may fork workers, which must not inherit it)

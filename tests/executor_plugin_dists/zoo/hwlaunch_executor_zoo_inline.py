@@ -2,42 +2,30 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from hwlaunch import Plan, WorkerStartupError
+from hwlaunch import WorkerStartupError
 from hwlaunch.executor import (
     Executor,
     Failure,
-    StatusCallback,
     answer,
     dumps,
-    encode_extension,
-    encode_method,
     free_port,
     loads,
-    raise_first_failure,
     start_worker,
 )
 
 
 class InlineExecutor(Executor):
-    def __init__(
-        self,
-        plan: Plan,
-        worker_extension: type | str | None = None,
-        *,
-        init_distributed: bool = True,
-        startup_timeout: float | None = None,
-        on_status: StatusCallback | None = None,
-    ) -> None:
-        self.plan = plan
-        self.warnings: list[str] = []
-        self.closed = False
+    """The three methods of the executor skeleton; the base class does the rest."""
+
+    worker: Any = None
+
+    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
         try:
             self.worker = start_worker(
-                plan,
-                encode_extension(worker_extension),
+                self.plan,
+                extension,
                 rank=0,
                 local_rank=0,
                 master_addr="127.0.0.1",
@@ -48,24 +36,13 @@ class InlineExecutor(Executor):
             failure = Failure.current(exc)
             raise WorkerStartupError(0, f"{failure.exc_type}: {failure.message}") from None
 
-    def collective_rpc(
-        self,
-        method: str | Callable[..., Any],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        timeout: float | None = None,
-    ) -> list[Any]:
-        if self.closed:
-            raise RuntimeError("this executor was shut down; launch a new one")
-        ok, value = loads(answer(self.worker, dumps((encode_method(method), args, kwargs or {}))))
-        if not ok:
-            raise_first_failure({0: value})
-        return [value]
+    def _exchange(
+        self, request: Any, label: str, timeout: float | None
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        ok, value = loads(answer(self.worker, dumps(request)))
+        return ([value], {}) if ok else ([None], {0: value})
 
-    def check_health(self) -> None:
-        self.collective_rpc("ping")
-
-    def shutdown(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.worker.shutdown()
+    def _stop(self, polite: bool = True) -> None:
+        worker, self.worker = self.worker, None
+        if worker is not None:
+            worker.shutdown()
