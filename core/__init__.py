@@ -26,10 +26,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from hwlaunch.contract import CONTRACT_VERSION
     from hwlaunch.executor import Executor
     from hwlaunch.hookspecs import Register, hookimpl
     from hwlaunch.launcher import launch
     from hwlaunch.plan import Decision, Plan
+    from hwlaunch.policy import PlanDraft
     from hwlaunch.resolver import resolve
     from hwlaunch.spec import START_METHODS, BackendSpec, StartMethodRule
     from hwlaunch.worker import Worker
@@ -37,6 +39,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
+    "CONTRACT_VERSION": "hwlaunch.contract",
+    "PlanDraft": "hwlaunch.policy",
     "START_METHODS": "hwlaunch.spec",
     "BackendSpec": "hwlaunch.spec",
     "StartMethodRule": "hwlaunch.spec",
@@ -51,6 +55,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "CONTRACT_VERSION",
     "START_METHODS",
     "BackendSpec",
     "BackendUnavailableError",
@@ -60,6 +65,7 @@ __all__ = [
     "HwlaunchError",
     "MissingMainGuardError",
     "Plan",
+    "PlanDraft",
     "PluginError",
     "Register",
     "RpcTimeoutError",

@@ -13,20 +13,23 @@ import difflib
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
+from typing import Any
 
 import pluggy
 
-from hwlaunch import hookspecs
+from hwlaunch import contract, hookspecs
+from hwlaunch.discovery import ENV_ALLOW, ENV_BLOCK, OWN_DISTRIBUTION, selected_entry_points
 from hwlaunch.errors import BackendUnavailableError, PluginError
 from hwlaunch.spec import BackendSpec
 
-OWN_DISTRIBUTION = "hwlaunch"
-ENV_ALLOW = "HWLAUNCH_PLUGINS"
-ENV_BLOCK = "HWLAUNCH_DISABLE_PLUGINS"
+__all__ = ["ENV_ALLOW", "ENV_BLOCK", "ENV_STRICT", "OWN_DISTRIBUTION", "Registry", "load_registry"]
 ENV_STRICT = "HWLAUNCH_STRICT_PLUGINS"
+CONTRACT_ATTRIBUTE = "HWLAUNCH_CONTRACT"  # a plugin module's declared contract, if it has no spec
+HOOKS = ("hwlaunch_register_backends", "hwlaunch_adjust_plan", "hwlaunch_worker_setup")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class PluginRecord:
     backends: tuple[str, ...] = ()
     hooks: tuple[str, ...] = ()
     error: str | None = None
+    contract: str = contract.CONTRACT_VERSION
+    warnings: tuple[str, ...] = ()
 
     @property
     def builtin(self) -> bool:
@@ -65,6 +70,21 @@ class Registry:
     backends: dict[str, RegisteredBackend] = field(default_factory=dict)
     plugins: list[PluginRecord] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    manager: pluggy.PluginManager | None = None
+
+    def hook_impls(self, hook: str) -> list[Any]:
+        """pluggy's HookImpl of each loaded plugin implementing ``hook``, in the order pluggy
+        calls them (tryfirst first, trylast last, later-loaded before earlier)."""
+        if self.manager is None:
+            return []
+        return list(reversed(getattr(self.manager.hook, hook).get_hookimpls()))
+
+    def hook_order(self) -> dict[str, list[str]]:
+        """For each hook, the plugins implementing it in call order."""
+        return {hook: [impl.plugin_name for impl in self.hook_impls(hook)] for hook in HOOKS}
+
+    def plugin_backends(self) -> dict[str, tuple[str, ...]]:
+        return {p.name: p.backends for p in self.plugins if p.error is None}
 
     @property
     def specs(self) -> dict[str, BackendSpec]:
@@ -89,45 +109,32 @@ def unknown_name_message(kind: str, name: str, known: Mapping[str, object] | lis
     return f"unknown {kind} {name!r}{hint} (known: {', '.join(names) or 'none'})"
 
 
-def _split_env(value: str) -> list[str]:
-    return [part.strip() for part in value.split(",") if part.strip()]
-
-
 def _strict_from_env(environ: Mapping[str, str]) -> bool:
     return environ.get(ENV_STRICT, "").strip().lower() in {"1", "true", "yes", "on"}
-
-
-def _load_order(ep: EntryPoint) -> tuple[int, str]:
-    """Built-ins first, then third parties by name: clashes are decided the same every time."""
-    dist = ep.dist.name if ep.dist is not None else None
-    return (0 if dist == OWN_DISTRIBUTION else 1, ep.name)
 
 
 def load_registry(environ: Mapping[str, str] | None = None, strict: bool | None = None) -> Registry:
     """Discover, filter and load every plugin of the entry-point group."""
     env = os.environ if environ is None else environ
     strict = _strict_from_env(env) if strict is None else strict
-    allow = _split_env(env[ENV_ALLOW]) if ENV_ALLOW in env else None
-    block = set(_split_env(env.get(ENV_BLOCK, "")))
     manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
-    registry = Registry()
+    selected, skipped = selected_entry_points(env)
+    registry = Registry(skipped=skipped, manager=manager)
     # importlib.metadata already lists a distribution once even when sys.path shows it twice,
     # so two entry points with one name come from two distributions: report, never drop one.
     by_name: dict[str, PluginRecord] = {}
-    for ep in sorted(entry_points(group=hookspecs.ENTRY_POINT_GROUP), key=_load_order):
-        dist = ep.dist.name if ep.dist is not None else None
-        builtin = dist == OWN_DISTRIBUTION
-        if ep.name in block or (allow is not None and not builtin and ep.name not in allow):
-            why = ENV_BLOCK if ep.name in block else ENV_ALLOW
-            registry.skipped.append(f"{ep.name} (excluded by {why})")
-            continue
+    for ep in selected:
         if ep.name in by_name:
             record = _failed(_record_of(ep), _name_clash(by_name[ep.name], _record_of(ep)))
         else:
             record = _load_plugin(manager, ep, registry)
             by_name[ep.name] = record
         registry.plugins.append(record)
+        for text in record.warnings:
+            warnings.warn(
+                f"{record.describe()}: {text}", contract.HwlaunchDeprecationWarning, stacklevel=2
+            )
         if record.error is not None and strict:
             raise PluginError(
                 f"{record.describe()} failed to load: {record.error}. This is an error because "
@@ -157,6 +164,23 @@ def _name_clash(first: PluginRecord, record: PluginRecord) -> str:
 
 def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Registry) -> PluginRecord:
     base = _record_of(ep)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        record = _load_isolated(manager, ep, registry, base)
+    noted = tuple(
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, contract.HwlaunchDeprecationWarning)
+    )
+    for w in caught:  # anything else the plugin warned about goes on as it came
+        if not issubclass(w.category, contract.HwlaunchDeprecationWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return PluginRecord(**{**record.__dict__, "warnings": noted}) if noted else record
+
+
+def _load_isolated(
+    manager: pluggy.PluginManager, ep: EntryPoint, registry: Registry, base: PluginRecord
+) -> PluginRecord:
     try:
         plugin = ep.load()
         manager.register(plugin, name=ep.name)
@@ -165,14 +189,21 @@ def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Regist
     except BaseException as exc:  # a plugin must never break the registry, not even sys.exit()
         return _failed(base, f"cannot load {ep.value!r}: {_one_line(exc)}")
     hooks = tuple(sorted(h.name for h in manager.get_hookcallers(plugin) or []))
+    if not set(hooks) & set(HOOKS):
+        manager.unregister(plugin)
+        return _failed(base, _no_hook_message(ep, hooks), hooks)
+    try:
+        declared = contract.require(
+            getattr(plugin, CONTRACT_ATTRIBUTE, contract.CONTRACT_VERSION), base.describe()
+        )
+    except PluginError as exc:
+        manager.unregister(plugin)
+        return _failed(base, str(exc), hooks)
     impls = [
         impl
         for impl in manager.hook.hwlaunch_register_backends.get_hookimpls()
         if impl.plugin is plugin
     ]
-    if not impls:
-        manager.unregister(plugin)
-        return _failed(base, _no_hook_message(ep, hooks), hooks)
     collected: list[BackendSpec] = []
 
     def register(spec: BackendSpec) -> None:
@@ -194,7 +225,15 @@ def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Regist
         manager.unregister(plugin)
         return _failed(base, clash, hooks)
     names = tuple(spec.name for spec in collected)
-    record = PluginRecord(**{**base.__dict__, "backends": names, "hooks": hooks})
+    versions = [declared, *(spec.contract for spec in collected)]
+    record = PluginRecord(
+        **{
+            **base.__dict__,
+            "backends": names,
+            "hooks": hooks,
+            "contract": max(versions, key=lambda v: contract.parse_version(v, base.describe())),
+        }
+    )
     for spec in collected:
         registry.backends[spec.name] = RegisteredBackend(spec=spec, plugin=record)
     return record
@@ -218,12 +257,15 @@ def _find_clash(
 
 
 def _no_hook_message(ep: EntryPoint, hooks: tuple[str, ...]) -> str:
-    spec_name = "hwlaunch_register_backends"
-    close = difflib.get_close_matches(spec_name, hooks, n=1)
-    found = f" (it has {close[0]!r}: a misspelling?)" if close else ""
+    hints = []
+    for name in hooks:
+        close = difflib.get_close_matches(name, HOOKS, n=1)
+        if close:
+            hints.append(f"{name!r} (did you mean {close[0]!r}?)")
+    found = f"; it has {', '.join(hints)}: a misspelling?" if hints else ""
     return (
-        f"{ep.value!r} implements no {spec_name} hook{found}; define "
-        f"`{spec_name}(register)` decorated with @hwlaunch.hookimpl"
+        f"{ep.value!r} implements no hwlaunch hook{found}. Define at least one of "
+        f"{', '.join(HOOKS)}, decorated with @hwlaunch.hookimpl"
     )
 
 

@@ -24,6 +24,11 @@ from hwlaunch.settings import Overrides, Sourced, collect_overrides, did_you_mea
 from hwlaunch.spec import BackendSpec
 
 DEFAULT_RAY_PG_TIMEOUT = 60.0
+BINDING_REASONS = {
+    "per_worker": "each worker sees only its own device (device index 0 in the worker)",
+    "job_wide": "each worker sees every device of the job on its node and selects its local rank",
+    "none": "the device-visibility variable is left as it is",
+}
 # How close (difflib ratio) a [backends.<name>] must be to a registered name to count as a typo:
 # 'cdua' (0.75) is a typo of 'cuda', while 'npu' or 'tpu' (0.67 to 'cpu') are other vendors.
 TYPO_CUTOFF = 0.75
@@ -415,6 +420,7 @@ class _Decider:
             f"rule of backend {spec.name}",
             "the Ray resource each worker (actor) requests",
         )
+        self.binding(spec, executor)
         env = self.env(spec)
         preload: tuple[str, ...] = ()
         if method == "forkserver":
@@ -462,7 +468,32 @@ class _Decider:
             decisions=tuple(self.decisions),
             warnings=tuple(dict.fromkeys(self.warnings)),
             facts=self.facts,
+            device_binding=str(spec.device_binding),
+            propagate_env=spec.propagate_env,
+            ray_noset_visibility_var=spec.ray_noset_visibility_var if executor == "ray" else None,
         )
+
+    def binding(self, spec: BackendSpec, executor: str) -> None:
+        """The device binding, the variables copied from the driver, and Ray's opt-out."""
+        source = f"rule of backend {spec.name}"
+        self.note(
+            "device_binding", spec.device_binding, source, BINDING_REASONS[str(spec.device_binding)]
+        )
+        if spec.propagate_env:
+            self.note(
+                "propagate_env",
+                list(spec.propagate_env),
+                source,
+                "copied from the driver's environment into every worker (names only: values "
+                "are never shown)",
+            )
+        if executor == "ray" and spec.ray_noset_visibility_var:
+            self.note(
+                "ray_noset_visibility_var",
+                spec.ray_noset_visibility_var,
+                source,
+                "set on every actor so that Ray leaves the visibility variable to the binding",
+            )
 
     def env(self, spec: BackendSpec) -> dict[str, str]:
         env = dict(spec.worker_env)
@@ -516,7 +547,12 @@ def resolve_with_sources(
         f"{p.describe()} failed to load: {p.error} (see `hwlaunch backends`)"
         for p in registry.failures
     ]
-    return decide(specs, facts, overrides, problems)
+    plan = decide(specs, facts, overrides, problems)
+    from hwlaunch.policy import adjust
+    from hwlaunch.registry import _strict_from_env
+
+    strict = _strict_from_env(os.environ)
+    return adjust(plan, registry, specs[plan.backend], overrides, os.environ, strict)
 
 
 def resolve(

@@ -17,6 +17,7 @@ import cloudpickle
 
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
+from hwlaunch.worker_setup import run_worker_setup
 
 WorkerExtension = type | str | None
 
@@ -81,7 +82,7 @@ def start_worker(
     master_port: int,
     init_distributed: bool,
 ) -> Worker:
-    """Construct the worker and run its start-up lifecycle."""
+    """Construct the worker and run its start-up lifecycle: plugins' setup, then the device."""
     cls = worker_class(plan, extension)
     worker = cls(
         rank=rank,
@@ -91,6 +92,7 @@ def start_worker(
         master_addr=master_addr,
         master_port=master_port,
     )
+    run_worker_setup(worker)
     worker.init_device()
     if init_distributed:
         worker.init_distributed()

@@ -38,7 +38,7 @@ from hwlaunch import (
     StartMethodRule,
     hookimpl,
 )
-from hwlaunch import registry as registry_module
+from hwlaunch import discovery as discovery_module
 from hwlaunch.cli import main as cli_main
 from hwlaunch.hookspecs import ENTRY_POINT_GROUP
 from hwlaunch.registry import load_registry
@@ -571,7 +571,7 @@ def plugins_installed(
         sys.modules[module] = _plugin_module(module, actions)
         points.append(EntryPoint(name, module, ENTRY_POINT_GROUP))
     with monkeypatch.context() as patch:
-        patch.setattr(registry_module, "entry_points", lambda group: points)
+        patch.setattr(discovery_module, "entry_points", lambda group: points)
         try:
             yield
         finally:

@@ -42,7 +42,14 @@ from hwlaunch.errors import (
     WorkerDiedError,
     WorkerStartupError,
 )
-from hwlaunch.executor.base import Executor, StatusCallback, free_port, raise_first_failure
+from hwlaunch.executor.base import (
+    Executor,
+    StatusCallback,
+    bound_devices,
+    free_port,
+    propagated_environment,
+    raise_first_failure,
+)
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 from hwlaunch.worker_runtime import (
@@ -458,7 +465,12 @@ class RayExecutor(Executor):
 
         strategies = importlib.import_module("ray.util.scheduling_strategies")
         actor_class = ray.remote(RankActor)
+        # Ray starts actors from its own node's environment, not this driver's: what workers
+        # need from here travels in the runtime environment, to every node.
         inherited = {k: v for k, v in os.environ.items() if k.startswith("HWLAUNCH_")}
+        inherited.update(propagated_environment(plan))
+        if plan.ray_noset_visibility_var:
+            inherited[plan.ray_noset_visibility_var] = "1"
         for rank, bundle in enumerate(order):
             env = {
                 **inherited,
@@ -506,7 +518,8 @@ class RayExecutor(Executor):
         starts = []
         for rank, actor in enumerate(group.actors):
             env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}
-            var, value = plan.device_control_env_var, visible[node_of_rank[rank]]
+            var = plan.device_control_env_var
+            value = bound_devices(plan, local[rank][0], visible[node_of_rank[rank]])
             if var and value is not None:
                 env[var] = value
             starts.append(

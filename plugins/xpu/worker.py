@@ -11,5 +11,5 @@ class XPUWorker(Worker):
 
         if self.plan.dist_backend == "ccl":
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the ccl backend)
-        torch.xpu.set_device(self.local_rank)
-        self.device = torch.device("xpu", self.local_rank)
+        torch.xpu.set_device(self.device_index)
+        self.device = torch.device("xpu", self.device_index)
