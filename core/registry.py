@@ -192,6 +192,10 @@ def _load_isolated(
     if not set(hooks) & set(HOOKS):
         manager.unregister(plugin)
         return _failed(base, _no_hook_message(ep, hooks), hooks)
+    unknown = [name for name in hooks if name not in HOOKS]
+    if unknown:  # pluggy's check_pending, for this plugin alone, with a did-you-mean
+        manager.unregister(plugin)
+        return _failed(base, _unknown_hook_message(ep, unknown), hooks)
     try:
         declared = contract.require(
             getattr(plugin, CONTRACT_ATTRIBUTE, contract.CONTRACT_VERSION), base.describe()
@@ -266,6 +270,18 @@ def _no_hook_message(ep: EntryPoint, hooks: tuple[str, ...]) -> str:
     return (
         f"{ep.value!r} implements no hwlaunch hook{found}. Define at least one of "
         f"{', '.join(HOOKS)}, decorated with @hwlaunch.hookimpl"
+    )
+
+
+def _unknown_hook_message(ep: EntryPoint, unknown: list[str]) -> str:
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, HOOKS, n=1)
+        parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return (
+        f"{ep.value!r} implements {', '.join(parts)}, which hwlaunch (plugin contract "
+        f"{contract.CONTRACT_VERSION}) does not define; hooks: {', '.join(HOOKS)}. Fix the "
+        "name, or upgrade hwlaunch if the hook is newer"
     )
 
 
