@@ -34,6 +34,7 @@ class Worker:
         self.master_addr = master_addr
         self.master_port = master_port
         self.device: Any = None
+        self.setup_plugins: list[str] = []  # plugins whose hwlaunch_worker_setup ran, in order
 
     @property
     def device_index(self) -> int:

@@ -60,6 +60,7 @@ def run_worker_setup(worker: Worker) -> None:
                 f"{HOOK} of plugin {impl.plugin_name!r}{where} failed in worker rank "
                 f"{worker.rank}: {_line(exc)}"
             ) from exc
+        worker.setup_plugins.append(impl.plugin_name)
 
 
 def _line(exc: BaseException) -> str:
