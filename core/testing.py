@@ -78,6 +78,7 @@ class LifecycleProbe(Worker):
             "pid": os.getpid(),
             "setup_plugins": list(self.setup_plugins),
             "propagated": {n: os.environ.get(n) for n in names.split(",") if n},
+            "ray_noset": os.environ.get(self.plan.ray_noset_visibility_var or "", None),
             "rank": self.rank,
             "local_rank": self.local_rank,
             "world_size": self.world_size,
@@ -613,6 +614,9 @@ class BackendConformance:
                 f"rank {rank}: propagated variables arrived as {report['propagated']}, "
                 f"expected {propagated}"
             )
+        if executor == "ray" and plan.ray_noset_visibility_var:
+            noset = [r["ray_noset"] for r in reports]
+            assert noset == ["1"] * world, f"{plan.ray_noset_visibility_var} in the actors: {noset}"
         if executor != "uni":
             pids = [r["pid"] for r in reports]
             assert len(set(pids)) == world and os.getpid() not in pids, f"worker pids {pids}"

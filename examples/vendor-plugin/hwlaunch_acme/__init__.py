@@ -87,6 +87,10 @@ def hwlaunch_register_backends(register: Register) -> None:
             # actors on other nodes too); the plan lists their names, never their values.
             propagate_env=("ACME_RT_*",),
             ray_resource="ACME",  # the Ray resource key a worker actor asks for
+            # Ray rewrites the visibility variable of the accelerators it knows; this variable
+            # turns that off so the binding above holds (Ray's for CUDA:
+            # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES).
+            ray_noset_visibility_var="RAY_EXPERIMENTAL_NOSET_ACME_VISIBLE_DEVICES",
             worker_env={"ACME_LOG_LEVEL": "warning"},  # extra environment for every worker
             contract="1.0",
         )
