@@ -309,7 +309,9 @@ def adjust(
         draft = PlanDraft(plan, spec, name)
         try:
             call_hook(impl, draft=draft)
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # as at registration: a plugin never breaks the caller
             text = f"plugin {name}: hwlaunch_adjust_plan raised {type(exc).__name__}: {exc}"
             if strict:
                 raise PluginError(f"{text} (an error because {ENV_STRICT} is set)") from exc

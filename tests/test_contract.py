@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -378,3 +379,51 @@ def test_propagated_names_shown_values_never(monkeypatch: pytest.MonkeyPatch) ->
     assert SECRET not in plan.explain() and SECRET not in json.dumps(plan.to_dict())
     env = worker_environment(plan, 0, 0, "127.0.0.1", 1)
     assert env["GLOO_SECRET_TOKEN"] == SECRET  # the worker gets the value
+
+
+# --- hook order between plugins follows pluggy --------------------------------------------------
+
+POLICY = """
+from hwlaunch import hookimpl
+
+@hookimpl{marker}
+def hwlaunch_adjust_plan(draft):
+    draft.propose("dist_backend", "{value}", "policy of {value}")
+"""
+
+
+def test_tryfirst_plugin_is_called_first_and_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from importlib.metadata import EntryPoint, entry_points
+
+    from hwlaunch import discovery
+    from hwlaunch.registry import load_registry
+    from hwlaunch.resolver import resolve_with_sources
+
+    (tmp_path / "policy_plain.py").write_text(POLICY.format(marker="", value="plainccl"))
+    (tmp_path / "policy_first.py").write_text(
+        POLICY.format(marker="(tryfirst=True)", value="firstccl")
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    builtins = list(entry_points(group="hwlaunch.backends"))
+    points = [
+        *builtins,
+        EntryPoint("aplain", "policy_plain", "hwlaunch.backends"),
+        EntryPoint("zfirst", "policy_first", "hwlaunch.backends"),
+    ]
+    monkeypatch.setattr(discovery, "entry_points", lambda group: points)
+    try:
+        registry = load_registry(environ={})
+        assert registry.hook_order()["hwlaunch_adjust_plan"] == ["zfirst", "aplain"]
+        monkeypatch.chdir(tmp_path)
+        plan = resolve_with_sources({"backend": "cpu"}, {"backend": "t"}, registry=registry)
+    finally:
+        for name in ("policy_plain", "policy_first"):
+            sys.modules.pop(name, None)
+    assert plan.dist_backend == "firstccl"
+    assert plan.decision("dist_backend").source == "plugin zfirst"
+    assert any(
+        w.startswith("plugin aplain: proposal dist_backend='plainccl' dropped: plugin zfirst")
+        for w in plan.warnings
+    )
