@@ -19,6 +19,7 @@ from typing import Any
 
 from hwlaunch.errors import PluginError
 from hwlaunch.facts import RuntimeFacts
+from hwlaunch.mainguard import REIMPORT_UNSAFE
 from hwlaunch.plan import Decision, Plan
 from hwlaunch.registry import ENV_STRICT, Registry
 from hwlaunch.settings import Overrides, did_you_mean
@@ -199,11 +200,8 @@ class _Policy:
         unsafe = _fork_unsafe(spec, facts)
         if method == "fork" and unsafe is not None:
             return f"fork is unsafe: {unsafe}"
-        if method != "fork" and facts.main_guard.status == "unguarded":
-            return (
-                f"{method} would re-import a __main__ that launches without an "
-                '`if __name__ == "__main__":` guard'
-            )
+        if method != "fork" and facts.main_guard.status in REIMPORT_UNSAFE:
+            return f"{method} would re-import __main__: {facts.main_guard.problem()}"
         return None
 
     def check_preload(self, _: tuple[str, ...]) -> str | None:

@@ -210,7 +210,8 @@ def test_accepted_start_method_shows_its_plugin_and_reason_and_sets_preload() ->
     ("proposal", "assumed", "why"),
     [
         ("fork", {"npu__initialized": True}, "fork is unsafe: npu is already initialized"),
-        ("spawn", {"main_guard": "unguarded"}, "would re-import a __main__"),
+        ("spawn", {"main_guard": "unguarded"}, "would re-import __main__"),
+        ("forkserver", {"main_guard": "not-reimportable"}, "which it cannot read"),
         ("forkserver", {"start_methods": "fork,spawn"}, "this OS does not offer it"),
     ],
 )
