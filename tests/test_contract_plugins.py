@@ -156,7 +156,8 @@ def test_site_policy_proposal_breaking_the_backend_rule_is_dropped(site: Path) -
     assert plan["start_method"] == "fork"
     assert decision(plan, "start_method")["source"] != "plugin sitepolicy"
     assert any(
-        "plugin sitepolicy: proposal start_method='spawn' dropped" in w and "guard" in w
+        "plugin sitepolicy: proposal start_method='spawn' dropped" in w
+        and "would re-import __main__" in w
         for w in plan["warnings"]
     )
 
