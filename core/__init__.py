@@ -10,6 +10,7 @@ from __future__ import annotations
 from hwlaunch.errors import (
     BackendUnavailableError,
     ConfigError,
+    ExecutorClosedError,
     HwlaunchError,
     MissingMainGuardError,
     PluginError,
@@ -28,11 +29,11 @@ if TYPE_CHECKING:
 
     from hwlaunch.contract import CONTRACT_VERSION
     from hwlaunch.executor import Executor
+    from hwlaunch.executor.launcher import launch
     from hwlaunch.hookspecs import Register, hookimpl
-    from hwlaunch.launcher import launch
     from hwlaunch.plan import Decision, Plan
-    from hwlaunch.policy import PlanDraft
-    from hwlaunch.resolver import resolve
+    from hwlaunch.planning.policy import PlanDraft
+    from hwlaunch.planning.resolver import resolve
     from hwlaunch.spec import START_METHODS, BackendSpec, StartMethodRule
     from hwlaunch.worker import Worker
 
@@ -40,7 +41,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "CONTRACT_VERSION": "hwlaunch.contract",
-    "PlanDraft": "hwlaunch.policy",
+    "PlanDraft": "hwlaunch.planning.policy",
     "START_METHODS": "hwlaunch.spec",
     "BackendSpec": "hwlaunch.spec",
     "StartMethodRule": "hwlaunch.spec",
@@ -48,8 +49,8 @@ _LAZY = {
     "hookimpl": "hwlaunch.hookspecs",
     "Decision": "hwlaunch.plan",
     "Plan": "hwlaunch.plan",
-    "resolve": "hwlaunch.resolver",
-    "launch": "hwlaunch.launcher",
+    "resolve": "hwlaunch.planning.resolver",
+    "launch": "hwlaunch.executor.launcher",
     "Executor": "hwlaunch.executor",
     "Worker": "hwlaunch.worker",
 }
@@ -62,6 +63,7 @@ __all__ = [
     "ConfigError",
     "Decision",
     "Executor",
+    "ExecutorClosedError",
     "HwlaunchError",
     "MissingMainGuardError",
     "Plan",

@@ -20,7 +20,7 @@ from hwlaunch.contract import HwlaunchDeprecationWarning
 from hwlaunch.spec import BackendSpec
 
 if TYPE_CHECKING:
-    from hwlaunch.policy import PlanDraft
+    from hwlaunch.planning.policy import PlanDraft
     from hwlaunch.worker import Worker
 
 PROJECT_NAME = "hwlaunch"

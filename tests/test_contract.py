@@ -18,11 +18,12 @@ import hwlaunch
 from hwlaunch import contract
 from hwlaunch.errors import PluginError
 from hwlaunch.executor.base import bound_devices, worker_environment
-from hwlaunch.facts import RuntimeFacts, apply_assumptions, gather_facts
-from hwlaunch.plan import Plan
-from hwlaunch.policy import SETTINGS, PlanDraft, Proposal, apply_proposals
-from hwlaunch.resolver import decide
-from hwlaunch.settings import ConfigFile, Overrides, Sourced
+from hwlaunch.plan import Plan, RuntimeFacts
+from hwlaunch.planning._config import ConfigFile
+from hwlaunch.planning.facts import apply_assumptions, gather_facts
+from hwlaunch.planning.policy import SETTINGS, PlanDraft, Proposal, apply_proposals
+from hwlaunch.planning.rules import decide
+from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.spec import BackendSpec, StartMethodRule, select_env
 
 SECRET = "never-show-this-3f9c"
@@ -69,7 +70,7 @@ def plan_for(s: BackendSpec, facts: RuntimeFacts, overrides: Overrides | None = 
 
 def test_contract_version_is_exported_lazily() -> None:
     assert hwlaunch.CONTRACT_VERSION == contract.CONTRACT_VERSION == "1.0"
-    code = "import sys, hwlaunch; hwlaunch.CONTRACT_VERSION; print(sorted(m for m in ('torch', 'pluggy', 'hwlaunch.policy') if m in sys.modules))"
+    code = "import sys, hwlaunch; hwlaunch.CONTRACT_VERSION; print(sorted(m for m in ('torch', 'pluggy', 'hwlaunch.planning.policy') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
@@ -372,8 +373,8 @@ def test_propagated_names_shown_values_never(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("GLOO_SECRET_TOKEN", SECRET)
     s = spec(propagate_env=("GLOO_SECRET_*",))
     plan = plan_for(s, facts_for(s))
-    from hwlaunch.policy import adjust
-    from hwlaunch.registry import Registry
+    from hwlaunch.planning.policy import adjust
+    from hwlaunch.planning.registry import Registry
 
     plan = adjust(plan, Registry(), s, Overrides(), {"GLOO_SECRET_TOKEN": SECRET}, strict=True)
     assert plan.decision("propagate_env").value == ["GLOO_SECRET_TOKEN"]
@@ -398,9 +399,9 @@ def test_tryfirst_plugin_is_called_first_and_wins(
 ) -> None:
     from importlib.metadata import EntryPoint, entry_points
 
-    from hwlaunch import discovery
-    from hwlaunch.registry import load_registry
-    from hwlaunch.resolver import resolve_with_sources
+    from hwlaunch import _discovery as discovery
+    from hwlaunch.planning.registry import load_registry
+    from hwlaunch.planning.resolver import resolve_with_sources
 
     (tmp_path / "policy_plain.py").write_text(POLICY.format(marker="", value="plainccl"))
     (tmp_path / "policy_first.py").write_text(

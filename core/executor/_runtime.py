@@ -17,11 +17,13 @@ from typing import Any
 
 import cloudpickle
 
+from hwlaunch.executor._setup import run_worker_setup
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
-from hwlaunch.worker_setup import run_worker_setup
 
 WorkerExtension = type | str | None
+# One call as it travels: a method name or a cloudpickled callable, its args and kwargs.
+Request = tuple[str | bytes, tuple[Any, ...], dict[str, Any]]
 
 
 @dataclass(frozen=True)

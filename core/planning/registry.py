@@ -22,7 +22,8 @@ from typing import Any
 import pluggy
 
 from hwlaunch import contract, hookspecs
-from hwlaunch.discovery import ENV_ALLOW, ENV_BLOCK, OWN_DISTRIBUTION, selected_entry_points
+from hwlaunch._checks import parse_truthy, unknown_name_message
+from hwlaunch._discovery import ENV_ALLOW, ENV_BLOCK, OWN_DISTRIBUTION, selected_entry_points
 from hwlaunch.errors import BackendUnavailableError, PluginError
 from hwlaunch.spec import BackendSpec
 
@@ -59,6 +60,9 @@ class PluginRecord:
 
 @dataclass(frozen=True)
 class RegisteredBackend:
+    """A backend in the registry: its validated spec and the plugin that registered it (for
+    ``hwlaunch backends`` and for errors that name the plugin)."""
+
     spec: BackendSpec
     plugin: PluginRecord
 
@@ -101,16 +105,8 @@ class Registry:
         raise BackendUnavailableError(unknown_name_message("backend", name, self.backends))
 
 
-def unknown_name_message(kind: str, name: str, known: Mapping[str, object] | list[str]) -> str:
-    """ "unknown backend 'cdua'; did you mean 'cuda'? known: cpu, cuda" style text."""
-    names = sorted(known)
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown {kind} {name!r}{hint} (known: {', '.join(names) or 'none'})"
-
-
 def _strict_from_env(environ: Mapping[str, str]) -> bool:
-    return environ.get(ENV_STRICT, "").strip().lower() in {"1", "true", "yes", "on"}
+    return parse_truthy(environ.get(ENV_STRICT, "")) is True
 
 
 def load_registry(environ: Mapping[str, str] | None = None, strict: bool | None = None) -> Registry:
@@ -189,13 +185,10 @@ def _load_isolated(
     except BaseException as exc:  # a plugin must never break the registry, not even sys.exit()
         return _failed(base, f"cannot load {ep.value!r}: {_one_line(exc)}")
     hooks = tuple(sorted(h.name for h in manager.get_hookcallers(plugin) or []))
-    if not set(hooks) & set(HOOKS):
+    hook_problem = _hook_problem(ep, hooks)
+    if hook_problem is not None:
         manager.unregister(plugin)
-        return _failed(base, _no_hook_message(ep, hooks), hooks)
-    unknown = [name for name in hooks if name not in HOOKS]
-    if unknown:  # pluggy's check_pending, for this plugin alone, with a did-you-mean
-        manager.unregister(plugin)
-        return _failed(base, _unknown_hook_message(ep, unknown), hooks)
+        return _failed(base, hook_problem, hooks)
     try:
         declared = contract.require(
             getattr(plugin, CONTRACT_ATTRIBUTE, contract.CONTRACT_VERSION), base.describe()
@@ -203,27 +196,10 @@ def _load_isolated(
     except PluginError as exc:
         manager.unregister(plugin)
         return _failed(base, str(exc), hooks)
-    impls = [
-        impl
-        for impl in manager.hook.hwlaunch_register_backends.get_hookimpls()
-        if impl.plugin is plugin
-    ]
-    collected: list[BackendSpec] = []
-
-    def register(spec: BackendSpec) -> None:
-        if not isinstance(spec, BackendSpec):
-            raise PluginError(f"register() takes a hwlaunch.BackendSpec, got {type(spec).__name__}")
-        collected.append(spec)
-
-    arguments: dict[str, object] = {"register": register}
-    try:
-        for impl in impls:  # called as pluggy would: each argument the hookimpl names
-            impl.function(*(arguments[name] for name in impl.argnames))
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # sys.exit() inside a hook fails the plugin, not the caller
+    collected = _collect_specs(manager, plugin)
+    if isinstance(collected, str):
         manager.unregister(plugin)
-        return _failed(base, f"hwlaunch_register_backends raised {_one_line(exc)}", hooks)
+        return _failed(base, collected, hooks)
     clash = _find_clash(collected, registry, base)
     if clash is not None:
         manager.unregister(plugin)
@@ -243,6 +219,31 @@ def _load_isolated(
     return record
 
 
+def _collect_specs(manager: pluggy.PluginManager, plugin: object) -> list[BackendSpec] | str:
+    """The specs the plugin's hwlaunch_register_backends registers, or why it failed."""
+    impls = [
+        impl
+        for impl in manager.hook.hwlaunch_register_backends.get_hookimpls()
+        if impl.plugin is plugin
+    ]
+    collected: list[BackendSpec] = []
+
+    def register(spec: BackendSpec) -> None:
+        if not isinstance(spec, BackendSpec):
+            raise PluginError(f"register() takes a hwlaunch.BackendSpec, got {type(spec).__name__}")
+        collected.append(spec)
+
+    arguments: dict[str, object] = {"register": register}
+    try:
+        for impl in impls:  # called as pluggy would: each argument the hookimpl names
+            impl.function(*(arguments[name] for name in impl.argnames))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # sys.exit() inside a hook fails the plugin, not the caller
+        return f"hwlaunch_register_backends raised {_one_line(exc)}"
+    return collected
+
+
 def _find_clash(
     collected: list[BackendSpec], registry: Registry, record: PluginRecord
 ) -> str | None:
@@ -260,24 +261,24 @@ def _find_clash(
     return None
 
 
-def _no_hook_message(ep: EntryPoint, hooks: tuple[str, ...]) -> str:
-    hints = []
-    for name in hooks:
-        close = difflib.get_close_matches(name, HOOKS, n=1)
-        if close:
-            hints.append(f"{name!r} (did you mean {close[0]!r}?)")
-    found = f"; it has {', '.join(hints)}: a misspelling?" if hints else ""
-    return (
-        f"{ep.value!r} implements no hwlaunch hook{found}. Define at least one of "
-        f"{', '.join(HOOKS)}, decorated with @hwlaunch.hookimpl"
-    )
-
-
-def _unknown_hook_message(ep: EntryPoint, unknown: list[str]) -> str:
+def _hook_problem(ep: EntryPoint, hooks: tuple[str, ...]) -> str | None:
+    """Why the plugin's hook names are unusable, or None. The one check of hook names (what
+    pluggy's check_pending does, for this plugin alone), with a did-you-mean for each name
+    hwlaunch does not define: a misspelled hook would otherwise never be called."""
+    unknown = [name for name in hooks if name not in HOOKS]
+    known = [name for name in hooks if name in HOOKS]
+    if known and not unknown:
+        return None
     parts = []
     for name in unknown:
         close = difflib.get_close_matches(name, HOOKS, n=1)
         parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    if not known:
+        found = f"; it has {', '.join(parts)}: a misspelling?" if parts else ""
+        return (
+            f"{ep.value!r} implements no hwlaunch hook{found}. Define at least one of "
+            f"{', '.join(HOOKS)}, decorated with @hwlaunch.hookimpl"
+        )
     return (
         f"{ep.value!r} implements {', '.join(parts)}, which hwlaunch (plugin contract "
         f"{contract.CONTRACT_VERSION}) does not define; hooks: {', '.join(HOOKS)}. Fix the "

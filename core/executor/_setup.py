@@ -28,7 +28,7 @@ def run_worker_setup(worker: Worker) -> None:
     import pluggy
 
     from hwlaunch import hookspecs
-    from hwlaunch.discovery import selected_entry_points
+    from hwlaunch._discovery import selected_entry_points
 
     selected, skipped = selected_entry_points()
     found = {ep.name: ep for ep in selected}

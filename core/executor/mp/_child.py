@@ -22,9 +22,9 @@ from typing import Any
 
 import psutil
 
-from hwlaunch.mainprep import refuse_reimport
+from hwlaunch.executor._mainprep import refuse_reimport
+from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.plan import Plan
-from hwlaunch.worker_runtime import Failure, answer, start_worker
 
 PR_SET_PDEATHSIG = 1
 

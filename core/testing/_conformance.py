@@ -35,12 +35,12 @@ from typing import Any, ClassVar
 import pytest
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
-from hwlaunch.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
-from hwlaunch.plan import Plan
-from hwlaunch.policy import adjust
-from hwlaunch.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
-from hwlaunch.resolver import decide
-from hwlaunch.settings import Overrides, Sourced
+from hwlaunch.plan import Plan, RuntimeFacts
+from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
+from hwlaunch.planning.policy import adjust
+from hwlaunch.planning.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
+from hwlaunch.planning.rules import decide
+from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.spec import START_METHODS, BackendSpec
 from hwlaunch.worker import Worker
 
@@ -69,7 +69,7 @@ class LifecycleProbe(Worker):
     def conformance_report(self) -> dict[str, Any]:
         import torch.distributed as dist
 
-        from hwlaunch.worker_runtime import import_object
+        from hwlaunch.executor._runtime import import_object
 
         joined = bool(dist.is_available() and dist.is_initialized())
         var = self.plan.device_control_env_var
@@ -130,7 +130,7 @@ _PROBE_SCRIPT = """
 import json, sys, time
 args = json.loads(sys.argv[1])
 sys.path[:] = args["path"]
-from hwlaunch.registry import load_registry
+from hwlaunch.planning.registry import load_registry
 before_load = set(sys.modules)
 registry = load_registry(environ=args["environ"], strict=True)
 after_load = set(sys.modules)
@@ -158,7 +158,7 @@ _WORKER_IMPORT_SCRIPT = """
 import json, sys
 sys.path[:] = json.loads(sys.argv[1])
 from hwlaunch import Worker
-from hwlaunch.worker_runtime import import_object
+from hwlaunch.executor._runtime import import_object
 cls = import_object(sys.argv[2])
 print(json.dumps({"is_worker": isinstance(cls, type) and issubclass(cls, Worker)}))
 """
@@ -538,7 +538,7 @@ class BackendConformance:
         **extra: object,
     ) -> None:
         """Start the workers, check what they report and an all-reduce, shut them down."""
-        from hwlaunch.launcher import launch
+        from hwlaunch.executor.launcher import launch
 
         spec = self.spec()
         if executor not in self.executors:
@@ -584,6 +584,49 @@ class BackendConformance:
             reports = workers.collective_rpc("conformance_report", timeout=RPC_TIMEOUT)
             sums = workers.collective_rpc("all_reduce_rank", timeout=RPC_TIMEOUT)
             workers.check_health()
+        self.check_lifecycle(plan, executor, reports, sums, markers)
+        visible = [
+            _documented_visibility(spec, r, world, parent_visible, facts) for r in range(world)
+        ]
+        self.check_contract(plan, executor, reports, visible, propagated)
+
+    def check_contract(
+        self,
+        plan: Plan,
+        executor: str,
+        reports: list[Any],
+        visible: list[str | None],
+        propagated: dict[str, str],
+    ) -> None:
+        """Contract v1 in the workers: the binding's variable (mp), each setup hook once per
+        worker, the propagated variables, Ray's opt-out variable, one process per rank."""
+        spec, world = self.spec(), plan.world_size
+        for rank, report in enumerate(reports):
+            if executor == "mp":
+                assert report["visible"] == visible[rank], (
+                    f"rank {rank}: {spec.device_control_env_var} is {report['visible']!r}; binding "
+                    f"{spec.device_binding!r} documents {visible[rank]!r}"
+                )
+            assert report["setup_plugins"] == list(plan.worker_setup), (
+                f"rank {rank}: hwlaunch_worker_setup ran for {report['setup_plugins']}, expected "
+                f"once for each of {list(plan.worker_setup)}"
+            )
+            assert report["propagated"] == propagated, (
+                f"rank {rank}: propagated variables arrived as {report['propagated']}, "
+                f"expected {propagated}"
+            )
+        if executor == "ray" and plan.ray_noset_visibility_var:
+            noset = [r["ray_noset"] for r in reports]
+            assert noset == ["1"] * world, f"{plan.ray_noset_visibility_var} in the actors: {noset}"
+        if executor != "uni":
+            pids = [r["pid"] for r in reports]
+            assert len(set(pids)) == world and os.getpid() not in pids, f"worker pids {pids}"
+
+    def check_lifecycle(
+        self, plan: Plan, executor: str, reports: list[Any], sums: list[Any], markers: Path
+    ) -> None:
+        """What every rank reported after start-up, the all-reduce, and its shutdown marker."""
+        world = plan.world_size
         for rank, report in enumerate(reports):
             _same(
                 f"rank {rank} after start-up",
@@ -600,26 +643,6 @@ class BackendConformance:
             assert report["dist_backend"] == plan.dist_backend, (
                 f"rank {rank} joined a {report['dist_backend']!r} group, not {plan.dist_backend!r}"
             )
-            if executor == "mp":
-                expected = _documented_visibility(spec, rank, world, parent_visible, facts)
-                assert report["visible"] == expected, (
-                    f"rank {rank}: {spec.device_control_env_var} is {report['visible']!r}; binding "
-                    f"{spec.device_binding!r} documents {expected!r}"
-                )
-            assert report["setup_plugins"] == list(plan.worker_setup), (
-                f"rank {rank}: hwlaunch_worker_setup ran for {report['setup_plugins']}, expected "
-                f"once for each of {list(plan.worker_setup)}"
-            )
-            assert report["propagated"] == propagated, (
-                f"rank {rank}: propagated variables arrived as {report['propagated']}, "
-                f"expected {propagated}"
-            )
-        if executor == "ray" and plan.ray_noset_visibility_var:
-            noset = [r["ray_noset"] for r in reports]
-            assert noset == ["1"] * world, f"{plan.ray_noset_visibility_var} in the actors: {noset}"
-        if executor != "uni":
-            pids = [r["pid"] for r in reports]
-            assert len(set(pids)) == world and os.getpid() not in pids, f"worker pids {pids}"
         assert sums == [world * (world - 1) // 2] * world, f"all-reduce of rank ids gave {sums}"
         for rank in range(world):
             marker = markers / f"rank{rank}.json"

@@ -17,13 +17,13 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
+from hwlaunch._checks import did_you_mean
 from hwlaunch.errors import PluginError
-from hwlaunch.facts import RuntimeFacts
-from hwlaunch.mainguard import REIMPORT_UNSAFE
-from hwlaunch.plan import Decision, Plan
-from hwlaunch.registry import ENV_STRICT, Registry
-from hwlaunch.settings import Overrides, did_you_mean
-from hwlaunch.spec import START_METHODS, BackendSpec, select_env
+from hwlaunch.plan import REIMPORT_UNSAFE, Decision, Plan, RuntimeFacts
+from hwlaunch.planning.registry import ENV_STRICT, Registry
+from hwlaunch.planning.settings import Overrides
+from hwlaunch.planning.start_method import preload_of
+from hwlaunch.spec import START_METHODS, BackendSpec, StartMethod, select_env
 
 SETTINGS = ("start_method", "worker", "dist_backend", "env", "preload")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -211,9 +211,7 @@ class _Policy:
             )
         return None
 
-    def set_start_method(self, method: str, source: str, reason: str) -> None:
-        from hwlaunch.resolver import preload_of
-
+    def set_start_method(self, method: StartMethod, source: str, reason: str) -> None:
         plan = self.plan
         self.plan = replace(plan, start_method=method)
         self.decide("start_method", method, source, reason)
@@ -324,6 +322,13 @@ def adjust(
         for impl in registry.hook_impls("hwlaunch_worker_setup")
         if consulted(owners, spec.name, impl.plugin_name)
     )
+    return _with_setup_and_names(plan, setup, environ, warnings)
+
+
+def _with_setup_and_names(
+    plan: Plan, setup: tuple[str, ...], environ: Mapping[str, str], warnings: list[str]
+) -> Plan:
+    """The worker-setup plugins and the propagated names (never values) as decisions."""
     decisions = list(plan.decisions)
     if setup:
         decisions.append(
