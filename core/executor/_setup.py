@@ -12,6 +12,7 @@ from __future__ import annotations
 import traceback
 from typing import TYPE_CHECKING
 
+from hwlaunch._hooks import call_plugin_hook
 from hwlaunch.errors import PluginError
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ def run_worker_setup(worker: Worker) -> None:
             ) from exc
     for impl in reversed(getattr(manager.hook, HOOK).get_hookimpls()):
         try:
-            impl.function(*({"worker": worker}[arg] for arg in impl.argnames))
+            call_plugin_hook(manager, HOOK, impl.plugin, worker=worker)
         except Exception as exc:
             dist = found[impl.plugin_name].dist
             where = f" ({dist.name} {dist.version})" if dist is not None else ""

@@ -280,11 +280,6 @@ def apply_proposals(
     return policy.plan, policy.warnings
 
 
-def call_hook(impl: Any, **arguments: Any) -> None:
-    """Call one plugin's hookimpl with the arguments it names, as pluggy would."""
-    impl.function(*(arguments[name] for name in impl.argnames))
-
-
 def adjust(
     plan: Plan,
     registry: Registry,
@@ -304,7 +299,7 @@ def adjust(
             continue
         draft = PlanDraft(plan, spec, name)
         try:
-            call_hook(impl, draft=draft)
+            registry.call(impl.plugin, "hwlaunch_adjust_plan", draft=draft)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # as at registration: a plugin never breaks the caller

@@ -24,6 +24,7 @@ import pluggy
 from hwlaunch import contract, hookspecs
 from hwlaunch._checks import parse_truthy, unknown_name_message
 from hwlaunch._discovery import ENV_ALLOW, ENV_BLOCK, OWN_DISTRIBUTION, selected_entry_points
+from hwlaunch._hooks import call_plugin_hook, wrapper_hooks
 from hwlaunch.errors import BackendUnavailableError, PluginError
 from hwlaunch.spec import BackendSpec
 
@@ -82,6 +83,11 @@ class Registry:
         if self.manager is None:
             return []
         return list(reversed(getattr(self.manager.hook, hook).get_hookimpls()))
+
+    def call(self, plugin: object, hook: str, **kwargs: Any) -> None:
+        """Call one plugin's implementations of ``hook`` through pluggy (see hwlaunch._hooks)."""
+        if self.manager is not None:
+            call_plugin_hook(self.manager, hook, plugin, **kwargs)
 
     def hook_order(self) -> dict[str, list[str]]:
         """For each hook, the plugins implementing it in call order."""
@@ -185,7 +191,7 @@ def _load_isolated(
     except BaseException as exc:  # a plugin must never break the registry, not even sys.exit()
         return _failed(base, f"cannot load {ep.value!r}: {_one_line(exc)}")
     hooks = tuple(sorted(h.name for h in manager.get_hookcallers(plugin) or []))
-    hook_problem = _hook_problem(ep, hooks)
+    hook_problem = _hook_problem(ep, hooks) or _wrapper_problem(manager, plugin, ep)
     if hook_problem is not None:
         manager.unregister(plugin)
         return _failed(base, hook_problem, hooks)
@@ -221,11 +227,6 @@ def _load_isolated(
 
 def _collect_specs(manager: pluggy.PluginManager, plugin: object) -> list[BackendSpec] | str:
     """The specs the plugin's hwlaunch_register_backends registers, or why it failed."""
-    impls = [
-        impl
-        for impl in manager.hook.hwlaunch_register_backends.get_hookimpls()
-        if impl.plugin is plugin
-    ]
     collected: list[BackendSpec] = []
 
     def register(spec: BackendSpec) -> None:
@@ -233,10 +234,8 @@ def _collect_specs(manager: pluggy.PluginManager, plugin: object) -> list[Backen
             raise PluginError(f"register() takes a hwlaunch.BackendSpec, got {type(spec).__name__}")
         collected.append(spec)
 
-    arguments: dict[str, object] = {"register": register}
     try:
-        for impl in impls:  # called as pluggy would: each argument the hookimpl names
-            impl.function(*(arguments[name] for name in impl.argnames))
+        call_plugin_hook(manager, "hwlaunch_register_backends", plugin, register=register)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # sys.exit() inside a hook fails the plugin, not the caller
@@ -283,6 +282,18 @@ def _hook_problem(ep: EntryPoint, hooks: tuple[str, ...]) -> str | None:
         f"{ep.value!r} implements {', '.join(parts)}, which hwlaunch (plugin contract "
         f"{contract.CONTRACT_VERSION}) does not define; hooks: {', '.join(HOOKS)}. Fix the "
         "name, or upgrade hwlaunch if the hook is newer"
+    )
+
+
+def _wrapper_problem(manager: pluggy.PluginManager, plugin: object, ep: EntryPoint) -> str | None:
+    wrappers = wrapper_hooks(manager, plugin)
+    if not wrappers:
+        return None
+    return (
+        f"{ep.value!r} declares {', '.join(wrappers)} as a hook wrapper (hookwrapper=True or "
+        "wrapper=True), which hwlaunch does not support: each plugin's hooks are called on their "
+        "own, so a wrapper would wrap nothing. Fix: use a plain @hwlaunch.hookimpl, with "
+        "tryfirst=True or trylast=True to order it"
     )
 
 
