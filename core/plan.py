@@ -233,6 +233,10 @@ class Plan:
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     facts: RuntimeFacts | None = None
+    device_binding: str = "none"
+    propagate_env: tuple[str, ...] = ()  # names and prefixes ("HABANA_*"), never values
+    ray_noset_visibility_var: str | None = None
+    worker_setup: tuple[str, ...] = ()  # plugins whose hwlaunch_worker_setup runs, in order
 
     def decision(self, setting: str) -> Decision:
         for decision in self.decisions:
@@ -261,6 +265,10 @@ class Plan:
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),
             "facts": self.facts.to_dict() if self.facts is not None else None,
+            "device_binding": self.device_binding,
+            "propagate_env": list(self.propagate_env),
+            "ray_noset_visibility_var": self.ray_noset_visibility_var,
+            "worker_setup": list(self.worker_setup),
         }
 
     def explain(self, width: int = 110) -> str:

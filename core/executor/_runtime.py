@@ -17,6 +17,7 @@ from typing import Any
 
 import cloudpickle
 
+from hwlaunch.executor._setup import run_worker_setup
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 
@@ -85,7 +86,7 @@ def start_worker(
     master_port: int,
     init_distributed: bool,
 ) -> Worker:
-    """Construct the worker and run its start-up lifecycle."""
+    """Construct the worker and run its start-up lifecycle: plugins' setup, then the device."""
     cls = worker_class(plan, extension)
     worker = cls(
         rank=rank,
@@ -95,6 +96,7 @@ def start_worker(
         master_addr=master_addr,
         master_port=master_port,
     )
+    run_worker_setup(worker)
     worker.init_device()
     if init_distributed:
         worker.init_distributed()

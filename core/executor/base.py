@@ -33,12 +33,15 @@ from hwlaunch.executor._runtime import (
     method_label,
 )
 from hwlaunch.plan import Plan
+from hwlaunch.spec import select_env
 
 __all__ = [
     "Executor",
     "StatusCallback",
+    "bound_devices",
     "free_port",
     "gather",
+    "propagated_environment",
     "raise_first_failure",
     "startup_failure",
     "worker_environment",
@@ -293,6 +296,23 @@ def visible_devices(plan: Plan, environ: Mapping[str, str] | None = None) -> str
     return ",".join(entries[: plan.world_size])
 
 
+def bound_devices(plan: Plan, local_rank: int, job_devices: str | None) -> str | None:
+    """What the worker of ``local_rank`` sees under the plan's binding, given the devices of the
+    job on its node (comma-separated, in local-rank order): ``job_wide`` all of them,
+    ``per_worker`` its own, ``none`` (or no devices) None: the variable is left alone."""
+    if job_devices is None or plan.device_binding == "none" or not plan.device_control_env_var:
+        return None
+    if plan.device_binding == "per_worker":
+        entries = job_devices.split(",")
+        return entries[local_rank] if local_rank < len(entries) else None
+    return job_devices
+
+
+def propagated_environment(plan: Plan, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The driver's variables that the backend's ``propagate_env`` names, as they are now."""
+    return select_env(os.environ if environ is None else environ, plan.propagate_env)
+
+
 def worker_environment(
     plan: Plan,
     rank: int,
@@ -302,7 +322,7 @@ def worker_environment(
     local_world_size: int | None = None,
 ) -> dict[str, str]:
     """The variables a worker process gets on top of the parent's environment."""
-    env = dict(plan.env)
+    env = {**propagated_environment(plan), **plan.env}
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(local_rank),
@@ -313,7 +333,7 @@ def worker_environment(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
     )
-    visible = visible_devices(plan)
+    visible = bound_devices(plan, local_rank, visible_devices(plan))
     if visible is not None and plan.device_control_env_var:
         env[plan.device_control_env_var] = visible
     return env

@@ -36,6 +36,7 @@ from typing import Any
 
 from hwlaunch.errors import ConfigError
 from hwlaunch.executor._runtime import worker_class
+from hwlaunch.executor._setup import run_worker_setup
 from hwlaunch.executor.base import StatusCallback
 from hwlaunch.executor.uni import UniExecutor
 from hwlaunch.plan import LauncherInfo, Plan
@@ -143,6 +144,7 @@ class ExternalExecutor(UniExecutor):
             master_addr=self._addr,
             master_port=self._port,
         )
+        run_worker_setup(worker)
         worker.init_device()
         if init_distributed:
             worker.init_distributed()

@@ -35,23 +35,19 @@ def decide(
 ) -> Plan:
     """The pure core of resolution: the rules applied in order, into a Plan. ``executors``
     defaults to the registered ones."""
-    if executors is None:
-        from hwlaunch.planning.registry import default_registry
-
-        executors = default_registry().executor_specs
+    executors = _registered_executors() if executors is None else executors
     notes = Notes(facts, warnings=list(plugin_problems))
     check_backend_tables(specs, overrides, notes)
     check_executor_names(overrides, executors)
     spec = backend(specs, overrides, notes)
     adopting = adopts_launcher(spec, overrides, executors, facts)
-    world, nodes, executor = (
-        launcher_sizes(spec, adopting, overrides, notes)
-        if adopting is not None
-        else sized_executor(spec, overrides, notes, executors)
-    )
-    uses = executors[executor].start_method
-    method = start_method(spec, executor, overrides, notes, uses=uses)
+    if adopting is not None:
+        world, nodes, executor = launcher_sizes(spec, adopting, overrides, notes)
+    else:
+        world, nodes, executor = sized_executor(spec, overrides, notes, executors)
+    method = start_method(spec, executor, overrides, notes, uses=executors[executor].start_method)
     _note_backend_rules(spec, notes)
+    _note_binding(spec, executor, notes)
     env = worker_env(spec, overrides, notes)
     preload: tuple[str, ...] = ()
     if method == "forkserver":
@@ -85,7 +81,16 @@ def decide(
         decisions=tuple(notes.decisions),
         warnings=tuple(dict.fromkeys(notes.warnings)),
         facts=facts,
+        device_binding=str(spec.device_binding),
+        propagate_env=spec.propagate_env,
+        ray_noset_visibility_var=spec.ray_noset_visibility_var if executor == "ray" else None,
     )
+
+
+def _registered_executors() -> dict[str, ExecutorSpec]:
+    from hwlaunch.planning.registry import default_registry
+
+    return default_registry().executor_specs
 
 
 # -- backend -------------------------------------------------------------------------------
@@ -383,6 +388,35 @@ def _note_backend_rules(spec: BackendSpec, notes: Notes) -> None:
     notes.note(
         "ray_resource", spec.ray_resource, source, "the Ray resource each worker (actor) requests"
     )
+
+
+BINDING_REASONS = {
+    "per_worker": "each worker sees only its own device (device index 0 in the worker)",
+    "job_wide": "each worker sees every device of the job on its node and selects its local rank",
+    "none": "the device-visibility variable is left as it is",
+}
+
+
+def _note_binding(spec: BackendSpec, executor: str, notes: Notes) -> None:
+    """The device binding, the variables copied from the driver, and Ray's opt-out."""
+    source = f"rule of backend {spec.name}"
+    binding = str(spec.device_binding)
+    notes.note("device_binding", binding, source, BINDING_REASONS[binding])
+    if spec.propagate_env:
+        notes.note(
+            "propagate_env",
+            list(spec.propagate_env),
+            source,
+            "copied from the driver's environment into every worker (names only: values are "
+            "never shown)",
+        )
+    if executor == "ray" and spec.ray_noset_visibility_var:
+        notes.note(
+            "ray_noset_visibility_var",
+            spec.ray_noset_visibility_var,
+            source,
+            "set on every actor so that Ray leaves the visibility variable to the binding",
+        )
 
 
 def worker_env(spec: BackendSpec, overrides: Overrides, notes: Notes) -> dict[str, str]:

@@ -20,7 +20,13 @@ from typing import Any
 
 from hwlaunch.errors import BackendUnavailableError, WorkerDiedError, WorkerStartupError
 from hwlaunch.executor._runtime import Failure, Request, dumps, loads
-from hwlaunch.executor.base import Executor, StatusCallback, gather, worker_environment
+from hwlaunch.executor.base import (
+    Executor,
+    StatusCallback,
+    bound_devices,
+    gather,
+    worker_environment,
+)
 from hwlaunch.executor.ray._actor import RankActor
 from hwlaunch.executor.ray._cluster import connect, import_ray, release
 from hwlaunch.executor.ray._placement import (
@@ -169,7 +175,9 @@ class RayExecutor(Executor):
         master = (places[0]["node_ip"], int(places[0]["port"]))
         starts = [
             actor.start.remote(
-                self._start_env(master, visible[node_of_rank[rank]]),
+                self._start_env(
+                    master, bound_devices(plan, local[rank][0], visible[node_of_rank[rank]])
+                ),
                 plan,
                 extension,
                 rank,
@@ -186,7 +194,12 @@ class RayExecutor(Executor):
         group, plan, ray = self._group, self.plan, self._group.ray
         strategies = importlib.import_module("ray.util.scheduling_strategies")
         actor_class = ray.remote(RankActor)
+        # Ray starts actors from its node's environment, not this driver's: what workers need
+        # from here (worker_environment holds the propagate_env variables) travels in the
+        # runtime environment, to every node.
         inherited = {k: v for k, v in os.environ.items() if k.startswith("HWLAUNCH_")}
+        if plan.ray_noset_visibility_var:
+            inherited[plan.ray_noset_visibility_var] = "1"  # the binding, not Ray, sets it
         for rank, bundle in enumerate(order):
             env = worker_environment(plan, rank, local[rank][0], "", 0, local[rank][1])
             for key in ("MASTER_ADDR", "MASTER_PORT", plan.device_control_env_var):
@@ -202,8 +215,8 @@ class RayExecutor(Executor):
             )
 
     def _start_env(self, master: tuple[str, int], visible: str | None) -> dict[str, str]:
-        """What a rank learns once every actor is placed: the rendezvous and its node's devices
-        (left alone where Ray reported none)."""
+        """What a rank learns once every actor is placed: the rendezvous and the devices its
+        binding gives it on its node (left alone where Ray reported none)."""
         env = {"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])}
         var = self.plan.device_control_env_var
         if var and visible is not None:
