@@ -86,9 +86,8 @@ def test_listed_with_their_plugins_and_the_broken_spec_as_a_failure(site: Path) 
     table = hwlaunch(site, "backends", "--verbose")
     assert table.returncode == 0, table.stderr
     assert "hwlaunch executors" in table.stdout  # the table, then one line per plugin:
-    assert "hwlaunch-executor-zoo 0.3.0, hooks: hwlaunch_register_executors, backends: -, " in (
-        table.stdout
-    )
+    line = "hwlaunch-executor-zoo 0.3.0, contract 1.0, hooks: hwlaunch_register_executors, "
+    assert line + "backends: -, " in table.stdout
     assert "executors: inline" in table.stdout
     assert "FAILED: hwlaunch_register_executors raised" in table.stdout
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import traceback
 from typing import TYPE_CHECKING
 
-from hwlaunch._hooks import call_plugin_hook
 from hwlaunch.errors import PluginError
 
 if TYPE_CHECKING:
@@ -30,6 +29,7 @@ def run_worker_setup(worker: Worker) -> None:
 
     from hwlaunch import hookspecs
     from hwlaunch._discovery import selected_entry_points
+    from hwlaunch._hooks import call_plugin_hook
 
     selected, skipped = selected_entry_points()
     found = {ep.name: ep for ep in selected}
