@@ -1,0 +1,70 @@
+"""The pipe RPC channel, and the choice between it and the shared-memory one.
+
+Both channels offer the mp executor the same three operations (send one request to every rank,
+receive the replies that have arrived, close), so the executor's call logic does not depend on
+which one carries the bytes. The pipe channel writes the request into each rank's pipe; it is
+the portable one, and the one to compare against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from multiprocessing import connection
+from multiprocessing.connection import Connection
+
+from hwlaunch.executor._shm_channel import ChannelLost, ShmChannel, ShmEndpoint
+
+RPC_CHANNELS = ("shm", "pipe")
+
+
+class PipeChannel:
+    """The parent's side: the request goes into each rank's pipe, replies come out of them."""
+
+    def __init__(self) -> None:
+        self.conns: list[Connection] = []
+
+    def endpoint(self, rank: int, conn: Connection) -> Connection:
+        return conn
+
+    def child_fds(self, rank: int) -> tuple[int, ...]:
+        return ()
+
+    def send(self, data: bytes, alive: Callable[[], None], deadline: float | None = None) -> None:
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(data)
+            except OSError:
+                raise ChannelLost(rank) from None
+
+    def receive(
+        self, pending: Collection[int], timeout: float | None, sentinels: Sequence[int]
+    ) -> tuple[list[tuple[int, bytes]], list[int]]:
+        by_conn = {id(self.conns[rank]): rank for rank in pending}
+        ready = connection.wait([self.conns[r] for r in pending] + list(sentinels), timeout)
+        replies, ended = [], []
+        for obj in ready:
+            if isinstance(obj, int):
+                ended.append(obj)
+                continue
+            rank = by_conn[id(obj)]
+            try:
+                replies.append((rank, self.conns[rank].recv_bytes()))
+            except (EOFError, OSError):
+                raise ChannelLost(rank) from None
+        return replies, ended
+
+    def close(self) -> None:
+        """The pipes are the executor's; they are closed with its other descriptors."""
+
+
+Channel = PipeChannel | ShmChannel
+Endpoint = Connection | ShmEndpoint
+
+
+def open_channel(kind: str, world_size: int, spin: float) -> Channel:
+    """``kind`` is ``shm`` or ``pipe`` (the plan's ``rpc_channel``)."""
+    if kind == "shm":
+        return ShmChannel(world_size, spin=spin)
+    if kind == "pipe":
+        return PipeChannel()
+    raise ValueError(f"unknown rpc_channel {kind!r} (allowed: {', '.join(RPC_CHANNELS)})")
