@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwlaunch.facts import RuntimeFacts
+from hwlaunch.settings import DEFAULT_RPC_CHANNEL
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Plan:
     preload: tuple[str, ...] = ()
     ray_address: str | None = None
     ray_pg_timeout: float = 60.0
+    rpc_channel: str = DEFAULT_RPC_CHANNEL
+    rpc_spin: float | None = None  # None: SPIN_WITH_FREE_CPUS if the host has the CPUs, else 0
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     facts: RuntimeFacts | None = None
@@ -69,6 +72,8 @@ class Plan:
             "preload": list(self.preload),
             "ray_address": self.ray_address,
             "ray_pg_timeout": self.ray_pg_timeout,
+            "rpc_channel": self.rpc_channel,
+            "rpc_spin": self.rpc_spin,
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),
             "facts": self.facts.to_dict() if self.facts is not None else None,

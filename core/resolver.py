@@ -20,7 +20,14 @@ from hwlaunch.errors import (
 from hwlaunch.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.plan import Decision, Plan
 from hwlaunch.registry import Registry, default_registry, unknown_name_message
-from hwlaunch.settings import Overrides, Sourced, collect_overrides, did_you_mean
+from hwlaunch.settings import (
+    DEFAULT_RPC_CHANNEL,
+    SPIN_WITH_FREE_CPUS,
+    Overrides,
+    Sourced,
+    collect_overrides,
+    did_you_mean,
+)
 from hwlaunch.spec import BackendSpec
 
 DEFAULT_RAY_PG_TIMEOUT = 60.0
@@ -34,6 +41,8 @@ PYTHON_SOURCES = {
     "executor": "resolve(executor=)",
     "start_method": "resolve(start_method=)",
     "ray_address": "resolve(ray_address=)",
+    "rpc_channel": "resolve(rpc_channel=)",
+    "rpc_spin": "resolve(rpc_spin=)",
 }
 
 
@@ -445,6 +454,7 @@ class _Decider:
                 timeout.source if timeout else "default",
                 "seconds to wait for the placement group",
             )
+        rpc_channel, rpc_spin = self.rpc(executor)
         return Plan(
             backend=spec.name,
             world_size=world.value,
@@ -459,10 +469,43 @@ class _Decider:
             preload=preload,
             ray_address=ray_address,
             ray_pg_timeout=pg_timeout,
+            rpc_channel=rpc_channel,
+            rpc_spin=rpc_spin,
             decisions=tuple(self.decisions),
             warnings=tuple(dict.fromkeys(self.warnings)),
             facts=self.facts,
         )
+
+    def rpc(self, executor: str) -> tuple[str, float | None]:
+        """How the mp executor carries calls; the other executors have their own transport."""
+        channel = self.overrides.lookup("rpc_channel")
+        spin = self.overrides.lookup("rpc_spin")
+        values = (
+            channel.value if channel else DEFAULT_RPC_CHANNEL,
+            spin.value if spin else None,
+        )
+        if executor != "mp":
+            return values
+        self.note(
+            "rpc_channel",
+            values[0],
+            channel.source if channel else "default",
+            "requests written once to shared memory that every worker reads; replies in a "
+            "slot per worker"
+            if values[0] == "shm"
+            else "requests and replies through each worker's pipe",
+        )
+        if values[0] == "shm":
+            self.note(
+                "rpc_spin",
+                values[1],
+                spin.source if spin else "default",
+                "seconds a waiting side polls shared memory before it blocks"
+                if spin
+                else f"at start: {SPIN_WITH_FREE_CPUS:g} s where the parent and every worker "
+                "have a CPU of their own, else 0 (polling would take CPU from the workers)",
+            )
+        return values
 
     def env(self, spec: BackendSpec) -> dict[str, str]:
         env = dict(spec.worker_env)
@@ -529,6 +572,8 @@ def resolve(
     config: str | os.PathLike[str] | None = None,
     assume: Mapping[str, object] | Iterable[str] | None = None,
     ray_address: str | None = None,
+    rpc_channel: str | None = None,
+    rpc_spin: float | None = None,
 ) -> Plan:
     """Decide backend, world size, executor and start method, with a reason for each.
 
@@ -544,5 +589,7 @@ def resolve(
         "executor": executor,
         "start_method": start_method,
         "ray_address": ray_address,
+        "rpc_channel": rpc_channel,
+        "rpc_spin": rpc_spin,
     }
     return resolve_with_sources(explicit, PYTHON_SOURCES, config=config, assume=assume)

@@ -27,6 +27,11 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 T = TypeVar("T")
 
 EXECUTORS = ("uni", "mp", "ray")
+RPC_CHANNELS = ("shm", "pipe")
+DEFAULT_RPC_CHANNEL = "shm"  # measured faster than pipes (docs/performance.md, "RPC channel")
+# Seconds a waiting side of the shm channel polls before it blocks, where every worker and the
+# parent have a CPU of their own; where they do not, polling would take CPU from the workers.
+SPIN_WITH_FREE_CPUS = 0.05
 ENV_VARS: dict[str, str] = {
     "backend": "HWLAUNCH_BACKEND",
     "executor": "HWLAUNCH_EXECUTOR",
@@ -35,6 +40,8 @@ ENV_VARS: dict[str, str] = {
     "nnodes": "HWLAUNCH_NNODES",
     "ray_address": "HWLAUNCH_RAY_ADDRESS",
     "ray_pg_timeout": "HWLAUNCH_RAY_PG_TIMEOUT",
+    "rpc_channel": "HWLAUNCH_RPC_CHANNEL",
+    "rpc_spin": "HWLAUNCH_RPC_SPIN",
 }
 ENV_CONFIG = "HWLAUNCH_CONFIG"
 TOP_LEVEL_KEYS = (*ENV_VARS, "env", "backends")
@@ -93,6 +100,10 @@ def parse_setting(name: str, raw: object, source: str) -> Any:
         return _number(name, raw, source, int, 1)
     if name == "ray_pg_timeout":
         return float(_number(name, raw, source, float, 0.001))
+    if name == "rpc_channel":
+        return _choice(name, raw, source, RPC_CHANNELS)
+    if name == "rpc_spin":
+        return float(_number(name, raw, source, float, 0.0))
     if name in ("backend", "ray_address"):
         if not isinstance(raw, str) or not raw.strip():
             raise ConfigError(f"invalid {name} {raw!r} from {source}: must be a non-empty string")

@@ -124,17 +124,20 @@ def call(worker: Worker, method: str | bytes, args: tuple[Any, ...], kwargs: dic
     return target(*args, **kwargs)
 
 
-def answer(worker: Worker | None, payload: bytes, *prefix: Any) -> bytes:
+def answer(worker: Worker | None, payload: bytes, *prefix: Any, keep_value: bool = True) -> bytes:
     """Run one encoded request on the worker and encode the reply ``(*prefix, ok, value)``.
 
     An exception from the call, and a result that cannot be pickled, come back as a Failure
-    (the caller's WorkerError), so the channel always carries an answer.
+    (the caller's WorkerError), so the channel always carries an answer. With ``keep_value``
+    false a successful call's value stays here and None travels (the caller asked for another
+    rank's result only).
     """
     try:
         if worker is None:
             raise RuntimeError("the worker did not start")
         method, args, kwargs = loads(payload)
-        reply: tuple[Any, ...] = (*prefix, True, call(worker, method, args, kwargs))
+        value = call(worker, method, args, kwargs)
+        reply: tuple[Any, ...] = (*prefix, True, value if keep_value else None)
     except Exception as exc:
         reply = (*prefix, False, Failure.current(exc))
     try:

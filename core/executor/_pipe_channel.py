@@ -8,14 +8,13 @@ the portable one, and the one to compare against.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Collection, Sequence
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 
 from hwlaunch.executor._shm_channel import ChannelLost, ShmChannel, ShmEndpoint
-
-RPC_CHANNELS = ("shm", "pipe")
-
+from hwlaunch.settings import SPIN_WITH_FREE_CPUS
 
 class PipeChannel:
     """The parent's side: the request goes into each rank's pipe, replies come out of them."""
@@ -57,14 +56,24 @@ class PipeChannel:
         """The pipes are the executor's; they are closed with its other descriptors."""
 
 
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity, not the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # pragma: no cover - non-Linux
+
+
 Channel = PipeChannel | ShmChannel
 Endpoint = Connection | ShmEndpoint
 
 
-def open_channel(kind: str, world_size: int, spin: float) -> Channel:
-    """``kind`` is ``shm`` or ``pipe`` (the plan's ``rpc_channel``)."""
+def open_channel(kind: str, world_size: int, spin: float | None) -> Channel:
+    """``kind`` is ``shm`` or ``pipe`` (the plan's ``rpc_channel``); ``spin`` None: poll
+    only where the parent and every worker have a CPU of their own."""
     if kind == "shm":
+        if spin is None:
+            spin = SPIN_WITH_FREE_CPUS if _cpus() > world_size else 0.0
         return ShmChannel(world_size, spin=spin)
     if kind == "pipe":
         return PipeChannel()
-    raise ValueError(f"unknown rpc_channel {kind!r} (allowed: {', '.join(RPC_CHANNELS)})")
+    raise ValueError(f"unknown rpc_channel {kind!r} (allowed: shm, pipe)")

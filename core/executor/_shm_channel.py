@@ -47,7 +47,6 @@ from typing import Any
 CHUNK_BYTES = 4 * 1024 * 1024
 CHUNKS = 4
 SLOT_BYTES = 4 * 1024 * 1024
-DEFAULT_SPIN = 0.05  # seconds a party polls after its last message before it blocks
 BLOCK_STEP = 0.1  # the longest a blocked party sleeps before it looks again (a second guard)
 
 LINE = 64  # one cache line, so that parties polling different flags do not share one
@@ -213,7 +212,7 @@ class ShmChannel:
         self,
         readers: int,
         *,
-        spin: float = DEFAULT_SPIN,
+        spin: float,
         chunk_bytes: int = CHUNK_BYTES,
         chunks: int = CHUNKS,
         slot_bytes: int = SLOT_BYTES,

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, wait
 from types import TracebackType
 from typing import Any
 
@@ -29,14 +32,16 @@ class Executor(ABC):
     def world_size(self) -> int:
         return self.plan.world_size
 
-    @abstractmethod
     def collective_rpc(
         self,
         method: str | Callable[..., Any],
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
-    ) -> list[Any]:
+        *,
+        non_block: bool = False,
+        unique_reply_rank: int | None = None,
+    ) -> Any:
         """Run ``method`` on every rank; results come back in rank order.
 
         ``method`` is a worker method name, or a callable called as ``fn(worker, *args,
@@ -44,7 +49,51 @@ class Executor(ABC):
         WorkerError (the executor stays usable); a dead worker raises WorkerDiedError; no
         answer within ``timeout`` seconds raises RpcTimeoutError and shuts the executor down,
         since a collective that hung leaves the process group unusable.
+
+        ``unique_reply_rank=R`` returns rank R's result alone: every rank still runs the call
+        (and a failure on any rank still raises), but only R's result travels back.
+        ``non_block=True`` returns at once a ``concurrent.futures.Future`` of what the call
+        would have returned (or raised), so the caller can overlap its own work; calls run
+        one after another in the order they were made, blocking or not.
         """
+        if unique_reply_rank is not None and (
+            isinstance(unique_reply_rank, bool)
+            or not isinstance(unique_reply_rank, int)
+            or not 0 <= unique_reply_rank < self.world_size
+        ):
+            raise ValueError(
+                f"unique_reply_rank={unique_reply_rank!r} is not a rank of this executor "
+                f"(ranks 0 to {self.world_size - 1}), or None for every rank's result"
+            )
+
+        def run() -> Any:
+            results = self._collective_rpc(method, args, kwargs, timeout, unique_reply_rank)
+            return results if unique_reply_rank is None else results[unique_reply_rank]
+
+        calls = self._background_calls()
+        if non_block:
+            return calls.submit(run)
+        calls.wait_for_last()
+        return run()
+
+    @abstractmethod
+    def _collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        timeout: float | None,
+        reply_rank: int | None,
+    ) -> list[Any]:
+        """Every rank's result in rank order; with ``reply_rank``, the other ranks' results
+        may be None (they need not travel)."""
+
+    def _background_calls(self) -> BackgroundCalls:
+        with _BACKGROUND_LOCK:
+            calls: BackgroundCalls | None = self.__dict__.get("_background")
+            if calls is None:
+                calls = self.__dict__["_background"] = BackgroundCalls()
+            return calls
 
     @abstractmethod
     def check_health(self) -> None:
@@ -64,6 +113,53 @@ class Executor(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.shutdown()
+
+
+_BACKGROUND_LOCK = threading.Lock()
+
+
+class BackgroundCalls:
+    """Runs non-blocking calls one after another on a thread that exists only while they do.
+
+    No thread outlives its work, so an executor needs no extra step to stop one; the thread is
+    a daemon so that a call still waiting at interpreter exit does not hold the exit up (the
+    executor's own finalizer ends the workers, and with them the call).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._running = False
+        self._last: Future[Any] | None = None
+
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            self._jobs.append((fn, future))
+            self._last = future
+            if not self._running:
+                self._running = True
+                threading.Thread(target=self._run, name="hwlaunch-rpc", daemon=True).start()
+        return future
+
+    def wait_for_last(self) -> None:
+        """A blocking call waits for the non-blocking ones made before it."""
+        last = self._last
+        if last is not None and not last.done():
+            wait([last])
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._running = False
+                    return
+                fn, future = self._jobs.popleft()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as exc:
+                    future.set_exception(exc)
 
 
 def raise_first_failure(failures: Mapping[int, Failure]) -> None:

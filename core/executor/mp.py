@@ -31,6 +31,8 @@ from hwlaunch.errors import (
     WorkerStartupError,
     describe_exitcode,
 )
+from hwlaunch.executor._pipe_channel import Channel, open_channel
+from hwlaunch.executor._shm_channel import ChannelLost, ShmChannel
 from hwlaunch.executor.base import (
     Executor,
     StatusCallback,
@@ -91,6 +93,7 @@ class _WorkerGroup:
         self.processes: list[BaseProcess] = []
         self.pids: list[int | None] = []
         self.conns: list[Connection] = []
+        self.channel: Channel | None = None  # carries requests and replies once started
         self.death_w: Connection | None = None
         self.wake_r: Connection | None = None
         self.wake_w: Connection | None = None
@@ -166,10 +169,13 @@ class _WorkerGroup:
         if self.wake_w is not None:
             with contextlib.suppress(OSError):
                 self.wake_w.send_bytes(b"stop")  # the monitor stops watching
-        if polite:
-            for conn in self.conns:
-                with contextlib.suppress(OSError):
-                    conn.send_bytes(pickle.dumps(("shutdown", 0, b"")))
+        if polite and self.channel is not None:
+            with contextlib.suppress(ChannelLost, OSError, TimeoutError):
+                self.channel.send(
+                    pickle.dumps(("shutdown", 0, b"", None)),
+                    self.check_alive,
+                    time.monotonic() + SHUTDOWN_GRACE,
+                )
             deadline = time.monotonic() + SHUTDOWN_GRACE
             for process in self.processes:
                 process.join(max(0.0, deadline - time.monotonic()))
@@ -196,9 +202,17 @@ class _WorkerGroup:
         for pipe in pipes:
             if pipe is not None:
                 pipe.close()
+        if self.channel is not None:
+            self.channel.close()
         for process in self.processes:
             if process.exitcode is not None:  # one that survived SIGKILL keeps its handle
                 process.close()
+
+    def check_alive(self) -> None:
+        """Raise ChannelLost for the first worker that has ended (a writer's wait stops)."""
+        for rank, process in enumerate(self.processes):
+            if process.exitcode is not None:
+                raise ChannelLost(rank)
 
     def leave_rpc(self) -> None:
         """The RPC thread is done with the pipes; close them if a shutdown left that to it."""
@@ -259,6 +273,7 @@ class MultiprocExecutor(Executor):
         master_addr, master_port = "127.0.0.1", free_port()
         death_r, death_w = ctx.Pipe(duplex=False)
         group.death_w = death_w
+        group.channel = channel = open_channel(plan.rpc_channel, plan.world_size, plan.rpc_spin)
         on_main_thread = threading.current_thread() is threading.main_thread()
         # fork and spawn children start from this process's environment as it is now; the fork
         # server's children from the server's, as it was when the server started. Sending ours
@@ -272,9 +287,11 @@ class MultiprocExecutor(Executor):
         for rank in range(plan.world_size):
             parent_conn, child_conn = ctx.Pipe()
             group.conns.append(parent_conn)
+            channel.conns.append(parent_conn)
             inherited: tuple[int, ...] = ()
             if plan.start_method == "fork":
                 inherited = (death_w.fileno(), *(c.fileno() for c in group.conns))
+                inherited += channel.child_fds(rank)
             process = ctx.Process(  # type: ignore[attr-defined]
                 target=worker_main,
                 name=f"hwlaunch-{plan.backend}-rank{rank}",
@@ -289,6 +306,7 @@ class MultiprocExecutor(Executor):
                     env=environ | worker_environment(plan, rank, rank, master_addr, master_port),
                     replace_environ=forkserver,
                     conn=child_conn,
+                    channel=channel.endpoint(rank, child_conn),
                     death_r=death_r,
                     inherited_fds=inherited,
                     # The kernel sends PR_SET_PDEATHSIG when the *thread* that forked the child
@@ -360,12 +378,13 @@ class MultiprocExecutor(Executor):
         )
 
     # -- RPC -----------------------------------------------------------------------------
-    def collective_rpc(
+    def _collective_rpc(
         self,
         method: str | Callable[..., Any],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        timeout: float | None = None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        timeout: float | None,
+        reply_rank: int | None,
     ) -> list[Any]:
         payload = dumps((encode_method(method), tuple(args), dict(kwargs or {})))
         with self._rpc_lock:
@@ -375,13 +394,12 @@ class MultiprocExecutor(Executor):
                 group.rpc_thread = threading.get_ident()
             try:
                 rpc_id = next(self._ids)
-                return self._exchange(
-                    rpc_id, pickle.dumps(("call", rpc_id, payload)), method, timeout
-                )
+                request = pickle.dumps(("call", rpc_id, payload, reply_rank))
+                return self._exchange(rpc_id, request, method, timeout)
             except BaseException as exc:
                 if not isinstance(exc, Exception):
                     # KeyboardInterrupt (or SystemExit) mid-exchange: replies are half read, so
-                    # the pipes are out of step; the workers cannot be reused.
+                    # the channel is out of step; the workers cannot be reused.
                     why = f"collective_rpc {method_label(method)!r} was interrupted by {type(exc).__name__}"
                     group.shutdown(polite=False, reason=why)
                 raise
@@ -396,48 +414,48 @@ class MultiprocExecutor(Executor):
         timeout: float | None,
     ) -> list[Any]:
         group = self._group
+        channel = group.channel
+        assert channel is not None
         label = method_label(method)
-        for rank, conn in enumerate(group.conns):
-            try:
-                conn.send_bytes(request)
-            except OSError:
-                raise self._lost(rank, label) from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            channel.send(request, group.check_alive, deadline)
+        except ChannelLost as lost:
+            raise self._lost(lost.rank, label) from None
+        except TimeoutError:
+            raise self._timed_out(label, list(range(group.world_size)), timeout) from None
         results: list[Any] = [None] * group.world_size
         failures: dict[int, Failure] = {}
-        pending = dict(enumerate(group.conns))
-        by_conn = {id(conn): rank for rank, conn in pending.items()}
+        pending = set(range(group.world_size))
         sentinels = {p.sentinel: rank for rank, p in enumerate(group.processes)}
-        deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
-            ready = connection.wait([*pending.values(), *sentinels], timeout=remaining)
-            if not ready:
-                group.shutdown(polite=False, reason=f"collective_rpc {label!r} timed out")
-                raise RpcTimeoutError(label, sorted(pending), timeout or 0.0)
-            for obj in ready:
-                if isinstance(obj, int):
-                    continue
-                rank = by_conn[id(obj)]
-                try:
-                    data = pending[rank].recv_bytes()
-                except (EOFError, OSError):
-                    raise self._lost(rank, label) from None
+            try:
+                replies, ended = channel.receive(sorted(pending), remaining, list(sentinels))
+            except ChannelLost as lost:
+                raise self._lost(lost.rank, label) from None
+            if not replies and not ended:
+                raise self._timed_out(label, sorted(pending), timeout)
+            for rank, data in replies:
                 try:
                     reply_id, ok, value = loads(data)
                 except Exception as exc:  # e.g. a result whose class the parent cannot import
                     reply_id, ok, value = rpc_id, False, Failure.current(exc)
                 if reply_id != rpc_id:
-                    continue
-                del pending[rank]
+                    continue  # a late reply to an earlier call
+                pending.discard(rank)
                 if ok:
                     results[rank] = value
                 else:
                     failures[rank] = value
-            for obj in ready:
-                if isinstance(obj, int):
-                    raise self._lost(sentinels[obj], label)
+            if ended:
+                raise self._lost(min(sentinels[s] for s in ended), label)
         raise_first_failure(failures)
         return results
+
+    def _timed_out(self, label: str, ranks: list[int], timeout: float | None) -> Exception:
+        self._group.shutdown(polite=False, reason=f"collective_rpc {label!r} timed out")
+        return RpcTimeoutError(label, ranks, timeout or 0.0)
 
     def _lost(self, rank: int, label: str) -> Exception:
         """A worker's pipe or process ended during an RPC: its death, or our own shutdown."""
@@ -470,6 +488,12 @@ class MultiprocExecutor(Executor):
     def shutdown(self) -> None:
         self._finalizer()  # runs the group's shutdown once and unregisters it
         self._group.shutdown()  # returns at once, or waits for a shutdown in progress
+
+    @property
+    def rpc_spin(self) -> float | None:
+        """Seconds a waiting side of the shm channel polls before it blocks (None: pipes)."""
+        channel = self._group.channel
+        return channel.spin if isinstance(channel, ShmChannel) else None
 
     @property
     def pids(self) -> list[int | None]:

@@ -331,10 +331,10 @@ class RankActor:
             return Failure.current(exc)
         return None
 
-    def call(self, payload: bytes) -> bytes:
+    def call(self, payload: bytes, keep_value: bool = True) -> bytes:
         """One RPC: ``(ok, result or Failure)``, pickled here so an unpicklable result is a
         WorkerError, as under the mp executor."""
-        return answer(self.worker, payload)
+        return answer(self.worker, payload, keep_value=keep_value)
 
     def stop(self) -> None:
         if self.worker is not None:
@@ -558,12 +558,13 @@ class RayExecutor(Executor):
         return results
 
     # -- RPC -----------------------------------------------------------------------------
-    def collective_rpc(
+    def _collective_rpc(
         self,
         method: str | Callable[..., Any],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        timeout: float | None = None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        timeout: float | None,
+        reply_rank: int | None,
     ) -> list[Any]:
         payload = dumps((encode_method(method), tuple(args), dict(kwargs or {})))
         with self._rpc_lock:
@@ -573,7 +574,10 @@ class RayExecutor(Executor):
             arg = ray.put(payload) if len(payload) > INLINE_ARGS_LIMIT else payload
             group.busy = True
             try:
-                refs = [actor.call.remote(arg) for actor in group.actors]
+                refs = [
+                    actor.call.remote(arg, reply_rank in (None, rank))
+                    for rank, actor in enumerate(group.actors)
+                ]
                 return self._gather(refs, method, timeout)
             except KeyboardInterrupt:
                 group.shutdown(polite=False)

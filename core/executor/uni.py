@@ -102,12 +102,13 @@ class UniExecutor(Executor):
         self._jobs.put((fn, future))
         return future
 
-    def collective_rpc(
+    def _collective_rpc(
         self,
         method: str | Callable[..., Any],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        timeout: float | None = None,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any] | None,
+        timeout: float | None,
+        reply_rank: int | None,
     ) -> list[Any]:
         encoded = encode_method(method)  # a callable goes through cloudpickle here too
         with self._rpc_lock:
