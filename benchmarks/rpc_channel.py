@@ -120,7 +120,10 @@ def measure(rounds: int, method: str, spin_setting: float | None) -> dict[str, A
         workers = [psutil.Process(pid) for pid in shm2.pids if pid is not None]
         before = [sum(w.cpu_times()[:2]) for w in workers]
         time.sleep(IDLE_SECONDS)
-        idle = [(sum(w.cpu_times()[:2]) - b) / IDLE_SECONDS for w, b in zip(workers, before)]
+        idle = [
+            (sum(w.cpu_times()[:2]) - b) / IDLE_SECONDS
+            for w, b in zip(workers, before, strict=True)
+        ]
     finally:
         for executor in (shm2, pipe2, shm8):
             executor.shutdown()

@@ -416,4 +416,3 @@ def test_cli_exit_code_for_a_bad_channel(monkeypatch: pytest.MonkeyPatch) -> Non
     )
     assert result.returncode == 2, result.stderr
     assert "'tcp'" in result.stderr and "Traceback" not in result.stderr
-

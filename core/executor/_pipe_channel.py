@@ -16,6 +16,7 @@ from multiprocessing.connection import Connection
 from hwlaunch.executor._shm_channel import ChannelLost, ShmChannel, ShmEndpoint
 from hwlaunch.settings import SPIN_WITH_FREE_CPUS
 
+
 class PipeChannel:
     """The parent's side: the request goes into each rank's pipe, replies come out of them."""
 
