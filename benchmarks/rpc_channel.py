@@ -1,21 +1,23 @@
 """collective_rpc through the shared-memory channel against the pipe channel, side by side.
 
-    python benchmarks/rpc_channel.py [--rounds 7] [--method fork] [--out FILE.json]
+    python benchmarks/rpc_channel.py [--rounds 7] [--method fork] [--spin 0.05] [--out FILE.json]
 
 In one parent (torch imported first, as an engine has), interleaved round by round so that a
 burst of load from elsewhere hits every contender alike:
 
 - a raw ``multiprocessing.Pipe`` round trip to 2 child processes (bytes out, bytes back): the
   floor any pipe-based RPC pays;
-- a no-op ``collective_rpc`` to 2 workers with ``rpc_channel="shm"`` and ``"pipe"``;
-- a no-op ``collective_rpc`` to 8 workers with ``shm`` (scaling; meaningful only with at least 8
-  free cores, the core count is printed);
+- a no-op ``collective_rpc`` to 2 workers with ``rpc_channel="shm"`` (the default spin window
+  for this machine, and ``--spin``) and with ``"pipe"``;
+- a no-op ``collective_rpc`` to 8 workers with ``shm`` (scaling; meaningful only with at least 9
+  free CPUs, the CPU count is printed);
 - a 1 MiB echo (1 MiB out to each worker, 1 MiB back from each) with ``shm`` and ``pipe``;
 - the CPU time of 2 idle ``shm`` workers over 5 s, starting after the spin window.
 
-Between two contenders the parent waits out the spin window, so that workers still polling
-after one contender's calls do not take CPU from the next. Prints a markdown table (medians and
-ratios) and writes every sample as JSON.
+Every call is timed on its own; the table shows the median per call (robust to the bursts of
+load of a shared machine), ratios of medians, and the mean. Between two contenders the parent
+waits out the spin window, so that workers still polling after one contender's calls do not
+take CPU from the next. ``--out`` writes every sample as JSON.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 MIB = 1024 * 1024
-CALLS = {"noop": 400, "1MiB": 40}
+CALLS = {"noop": 300, "1MiB": 20}  # per contender and round
 IDLE_SECONDS = 5.0
 
 
@@ -53,7 +55,7 @@ def pipe_echo(conn: Connection, other_end: Connection) -> None:
             return
 
 
-def measure(rounds: int, method: str, spin_setting: float | None) -> dict[str, Any]:
+def measure(rounds: int, method: str, spin: float) -> dict[str, Any]:
     import psutil
     import torch  # noqa: F401
 
@@ -70,20 +72,25 @@ def measure(rounds: int, method: str, spin_setting: float | None) -> dict[str, A
         ends.append(parent_end)
         children.append(child)
 
-    def launch(channel: str, n: int) -> Any:
+    def launch(channel: str, n: int, rpc_spin: float | None = None) -> Any:
         return hwlaunch.launch(
             backend="cpu",
             executor="mp",
             world_size=n,
             start_method=method,
             rpc_channel=channel,
-            rpc_spin=spin_setting,
+            rpc_spin=rpc_spin,
             init_distributed=False,
             worker_extension=Echo,
         )
 
-    shm2, pipe2, shm8 = launch("shm", 2), launch("pipe", 2), launch("shm", 8)
-    spin = shm2.rpc_spin
+    executors = {
+        "shm": launch("shm", 2),
+        "shm-spin": launch("shm", 2, spin),
+        "pipe": launch("pipe", 2),
+        "shm-8": launch("shm", 8),
+    }
+    default_spin = executors["shm"].rpc_spin
 
     def raw(data: bytes) -> Callable[[], None]:
         def round_trip() -> None:
@@ -94,15 +101,16 @@ def measure(rounds: int, method: str, spin_setting: float | None) -> dict[str, A
 
         return round_trip
 
-    cases: dict[str, Callable[[], Any]] = {
-        "pipe-floor/noop": raw(small),
-        "shm/noop": lambda: shm2.collective_rpc("ping"),
-        "pipe/noop": lambda: pipe2.collective_rpc("ping"),
-        "shm-8/noop": lambda: shm8.collective_rpc("ping"),
-        "pipe-floor/1MiB": raw(large),
-        "shm/1MiB": lambda: shm2.collective_rpc("echo", (large,)),
-        "pipe/1MiB": lambda: pipe2.collective_rpc("echo", (large,)),
-    }
+    def rpc(name: str, *args: Any) -> Callable[[], Any]:
+        executor = executors[name]
+        return lambda: executor.collective_rpc(*args)
+
+    cases: dict[str, Callable[[], Any]] = {"pipe-floor/noop": raw(small)}
+    for name in executors:
+        cases[f"{name}/noop"] = rpc(name, "ping")
+    cases["pipe-floor/1MiB"] = raw(large)
+    for name in ("shm", "shm-spin", "pipe"):
+        cases[f"{name}/1MiB"] = rpc(name, "echo", (large,))
     samples: dict[str, list[float]] = {name: [] for name in cases}
     try:
         for case in cases.values():  # warm-up
@@ -110,22 +118,24 @@ def measure(rounds: int, method: str, spin_setting: float | None) -> dict[str, A
         for _ in range(rounds):
             for name, case in cases.items():
                 time.sleep(spin + 0.02)  # the previous contender's workers stop polling
-                count = CALLS[name.split("/")[1]]
-                start = time.perf_counter()
-                for _ in range(count):
+                times = samples[name]
+                for _ in range(CALLS[name.split("/")[1]]):
+                    start = time.perf_counter()
                     case()
-                samples[name].append((time.perf_counter() - start) / count)
-        shm2.collective_rpc("ping")
-        time.sleep(spin + 0.05)
-        workers = [psutil.Process(pid) for pid in shm2.pids if pid is not None]
-        before = [sum(w.cpu_times()[:2]) for w in workers]
-        time.sleep(IDLE_SECONDS)
-        idle = [
-            (sum(w.cpu_times()[:2]) - b) / IDLE_SECONDS
-            for w, b in zip(workers, before, strict=True)
-        ]
+                    times.append(time.perf_counter() - start)
+        idle = {}
+        for name in ("shm", "shm-spin"):
+            executors[name].collective_rpc("ping")
+            time.sleep(spin + 0.05)
+            workers = [psutil.Process(pid) for pid in executors[name].pids if pid is not None]
+            before = [sum(w.cpu_times()[:2]) for w in workers]
+            time.sleep(IDLE_SECONDS)
+            idle[name] = [
+                (sum(w.cpu_times()[:2]) - b) / IDLE_SECONDS
+                for w, b in zip(workers, before, strict=True)
+            ]
     finally:
-        for executor in (shm2, pipe2, shm8):
+        for executor in executors.values():
             executor.shutdown()
         for end in ends:
             end.close()
@@ -133,46 +143,55 @@ def measure(rounds: int, method: str, spin_setting: float | None) -> dict[str, A
             child.join(10)
     return {
         "method": method,
-        "cpus": os.cpu_count(),
+        "cpus": len(os.sched_getaffinity(0)),
+        "load_average": os.getloadavg(),
+        "default_spin": default_spin,
         "spin": spin,
+        "rounds": rounds,
         "samples": samples,
         "median": {k: statistics.median(v) for k, v in samples.items()},
+        "mean": {k: statistics.mean(v) for k, v in samples.items()},
         "idle_core_fraction": idle,
     }
 
 
 def report(result: dict[str, Any]) -> str:
-    med = result["median"]
+    med, mean = result["median"], result["mean"]
 
-    def us(key: str) -> str:
-        return f"{med[key] * 1e6:.1f} µs"
+    def row(label: str, key: str, base: str, of: str) -> str:
+        return (
+            f"| {label} | {med[key] * 1e6:,.1f} µs | {med[key] / med[base]:.2f}x {of} | "
+            f"{mean[key] * 1e6:,.1f} µs |"
+        )
 
-    def ratio(key: str, base: str) -> str:
-        return f"{med[key] / med[base]:.2f}x"
-
+    spin, default = result["spin"], result["default_spin"]
+    floor, floor_mib = "pipe-floor/noop", "pipe-floor/1MiB"
+    idle = result["idle_core_fraction"]
     lines = [
-        f"collective_rpc, mp executor ({result['method']}), {result['cpus']} CPUs, "
-        f"spin window {result['spin']:g} s; medians of {len(result['samples']['shm/noop'])} "
-        "interleaved rounds",
+        f"collective_rpc, mp executor ({result['method']}), {result['cpus']} CPUs, load average "
+        f"{', '.join(f'{x:.1f}' for x in result['load_average'])} at the end; every call timed, "
+        f"{result['rounds']} interleaved rounds; default spin window here: {default:g} s",
         "",
-        "| case | median | ratio |",
-        "|---|---|---|",
-        f"| raw Pipe round trip to 2 children (floor) | {us('pipe-floor/noop')} | 1.00x |",
-        f"| no-op to 2 workers, shm | {us('shm/noop')} | {ratio('shm/noop', 'pipe-floor/noop')} "
-        "of floor |",
-        f"| no-op to 2 workers, pipe | {us('pipe/noop')} | "
-        f"{ratio('pipe/noop', 'pipe-floor/noop')} of floor |",
-        f"| no-op to 8 workers, shm | {us('shm-8/noop')} | {ratio('shm-8/noop', 'shm/noop')} "
-        "of 2 workers |",
-        f"| raw Pipe 1 MiB round trip to 2 children | {us('pipe-floor/1MiB')} | 1.00x |",
-        f"| 1 MiB echo to 2 workers, shm | {us('shm/1MiB')} | {ratio('shm/1MiB', 'pipe/1MiB')} "
-        "of pipe channel |",
-        f"| 1 MiB echo to 2 workers, pipe | {us('pipe/1MiB')} | "
-        f"{ratio('pipe/1MiB', 'pipe-floor/1MiB')} of floor |",
-        "| idle shm worker CPU over 5 s (each) | "
-        + ", ".join(f"{f * 100:.2f}%" for f in result["idle_core_fraction"])
-        + " of a core | |",
+        "| case | median per call | ratio (medians) | mean per call |",
+        "|---|---|---|---|",
+        row("raw Pipe round trip to 2 children (floor)", floor, floor, "floor"),
+        row(f"no-op to 2 workers, shm (spin {default:g} s)", "shm/noop", floor, "floor"),
+        row(f"no-op to 2 workers, shm (spin {spin:g} s)", "shm-spin/noop", floor, "floor"),
+        row("no-op to 2 workers, pipe channel", "pipe/noop", floor, "floor"),
+        row("no-op to 8 workers, shm (default spin)", "shm-8/noop", "shm/noop", "2 workers"),
+        row("raw Pipe 1 MiB round trip to 2 children", floor_mib, floor_mib, "floor"),
+        row(f"1 MiB echo to 2 workers, shm (spin {default:g} s)", "shm/1MiB", "pipe/1MiB", "pipe"),
+        row(
+            f"1 MiB echo to 2 workers, shm (spin {spin:g} s)", "shm-spin/1MiB", "pipe/1MiB", "pipe"
+        ),
+        row("1 MiB echo to 2 workers, pipe channel", "pipe/1MiB", floor_mib, "floor"),
     ]
+    for name, label in (("shm", f"spin {default:g} s"), ("shm-spin", f"spin {spin:g} s")):
+        lines.append(
+            f"| idle shm worker CPU over {IDLE_SECONDS:g} s after the window ({label}) | "
+            + ", ".join(f"{f * 100:.2f}%" for f in idle[name])
+            + " of a core | | |"
+        )
     return "\n".join(lines)
 
 
@@ -180,7 +199,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--method", default="fork", choices=("fork", "spawn", "forkserver"))
-    parser.add_argument("--spin", type=float, help="rpc_spin (default: the plan's)")
+    parser.add_argument(
+        "--spin", type=float, default=0.05, help="rpc_spin of the explicit-spin contender"
+    )
     parser.add_argument("--out", help="write every sample as JSON here")
     args = parser.parse_args()
     result = measure(args.rounds, args.method, args.spin)

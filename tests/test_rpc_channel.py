@@ -17,16 +17,15 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import torch  # noqa: F401  imported before forking, as a real parent does
+from call_options import CallOptionsProbe, check_call_options
 
 import hwlaunch
 from hwlaunch import ConfigError, RpcTimeoutError, WorkerDiedError, WorkerError
@@ -134,26 +133,11 @@ def readers() -> Iterator[Callable[..., Readers]]:
         group.close()
 
 
-class Probe:
+class Probe(CallOptionsProbe):
     """Worker extension: named methods that record what ran on each rank."""
-
-    rank: int
-    log: list[str]
 
     def echo(self, value: Any) -> Any:
         return value
-
-    def record(self, tag: str, nap: float = 0.0) -> list[str]:
-        time.sleep(nap)
-        if not hasattr(self, "log"):
-            self.log = []
-        self.log.append(tag)
-        return [*self.log]
-
-    def fail_on(self, rank: int) -> int:
-        if self.rank == rank:
-            raise ValueError(f"rank {rank} fails on purpose")
-        return self.rank
 
 
 def launch(*, channel: str = "shm", spin: float | None = None, **kwargs: Any) -> Any:
@@ -320,35 +304,6 @@ def test_late_reply_to_a_timed_out_call_is_never_taken() -> None:
 
 
 # -- non_block and unique_reply_rank, on every executor ----------------------------------------
-def check_call_options(executor: Any) -> None:
-    """The same expectations for uni, mp (both channels) and ray."""
-    n = executor.world_size
-    first = executor.collective_rpc("record", ("a", 0.2), non_block=True)
-    second = executor.collective_rpc("record", ("b",), non_block=True)
-    assert isinstance(first, Future) and isinstance(second, Future)
-    third = executor.collective_rpc("record", ("c",))  # waits for the calls made before it
-    assert third == [["a", "b", "c"]] * n
-    assert first.result(60) == [["a"]] * n and second.result(60) == [["a", "b"]] * n
-    last = n - 1
-    assert executor.collective_rpc("record", ("d",), unique_reply_rank=last) == ["a", "b", "c", "d"]
-    assert executor.collective_rpc("record", ("e",)) == [["a", "b", "c", "d", "e"]] * n
-    future = executor.collective_rpc(lambda w: w.rank, non_block=True, unique_reply_rank=last)
-    assert future.result(60) == last
-    with pytest.raises(WorkerError) as info:  # another rank's failure still raises
-        executor.collective_rpc("fail_on", (0,), unique_reply_rank=last)
-    assert info.value.rank == 0
-    failed = executor.collective_rpc("fail_on", (last,), non_block=True)
-    assert isinstance(failed.exception(60), WorkerError)
-    for bad in (n, -1, True, "0"):
-        with pytest.raises(ValueError, match=f"unique_reply_rank={bad!r}"):
-            executor.collective_rpc("echo", (1,), unique_reply_rank=bad)
-    wait_until(
-        lambda: not [t for t in threading.enumerate() if t.name == "hwlaunch-rpc"],
-        10,
-        "the background call thread to end when idle",
-    )
-
-
 def test_call_options_uni() -> None:
     with hwlaunch.launch(
         backend="cpu", world_size=1, init_distributed=False, worker_extension=Probe
