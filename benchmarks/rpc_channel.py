@@ -14,7 +14,8 @@ burst of load from elsewhere hits every contender alike:
 - a 1 MiB echo (1 MiB out to each worker, 1 MiB back from each) with ``shm`` and ``pipe``;
 - the CPU time of 2 idle ``shm`` workers over 5 s, starting after the spin window.
 
-Every call is timed on its own; the table shows the median per call (robust to the bursts of
+The contenders run in a new random order each round (seeded), so that none always follows
+the same other one. Every call is timed on its own; the table shows the median per call (robust to the bursts of
 load of a shared machine), ratios of medians, and the mean. Between two contenders the parent
 waits out the spin window, so that workers still polling after one contender's calls do not
 take CPU from the next. ``--out`` writes every sample as JSON.
@@ -26,6 +27,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import random
 import statistics
 import sys
 import time
@@ -115,8 +117,11 @@ def measure(rounds: int, method: str, spin: float) -> dict[str, Any]:
     try:
         for case in cases.values():  # warm-up
             case()
+        order = list(cases.items())
+        shuffle = random.Random(0).shuffle
         for _ in range(rounds):
-            for name, case in cases.items():
+            shuffle(order)  # no contender always runs right after the same other one
+            for name, case in order:
                 time.sleep(spin + 0.02)  # the previous contender's workers stop polling
                 times = samples[name]
                 for _ in range(CALLS[name.split("/")[1]]):

@@ -154,5 +154,5 @@ def dumps(obj: Any) -> bytes:
         return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes | memoryview) -> Any:
     return pickle.loads(data)

@@ -105,7 +105,7 @@ class Readers:
         sentinels = [p.sentinel for p in self.processes]
         while len(got) < len(self.processes):
             pending = [r for r in range(len(self.processes)) if r not in got]
-            replies, ended = self.channel.receive(pending, timeout, sentinels)
+            replies, ended = self.channel.receive(pending, timeout, sentinels, bytes)
             assert replies and not ended, f"no reply within {timeout}s (ended: {ended})"
             got.update(replies)
         return got

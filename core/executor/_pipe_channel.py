@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 
-from hwlaunch.executor._shm_channel import ChannelLost, ShmChannel, ShmEndpoint
+from hwlaunch.executor._shm_channel import Buffer, ChannelLost, ShmChannel, ShmEndpoint, T
 from hwlaunch.settings import SPIN_WITH_FREE_CPUS
 
 
@@ -37,20 +37,26 @@ class PipeChannel:
                 raise ChannelLost(rank) from None
 
     def receive(
-        self, pending: Collection[int], timeout: float | None, sentinels: Sequence[int]
-    ) -> tuple[list[tuple[int, bytes]], list[int]]:
+        self,
+        pending: Collection[int],
+        timeout: float | None,
+        sentinels: Sequence[int],
+        decode: Callable[[Buffer], T],
+    ) -> tuple[list[tuple[int, T]], list[int]]:
         by_conn = {id(self.conns[rank]): rank for rank in pending}
         ready = connection.wait([self.conns[r] for r in pending] + list(sentinels), timeout)
-        replies, ended = [], []
+        replies: list[tuple[int, T]] = []
+        ended: list[int] = []
         for obj in ready:
             if isinstance(obj, int):
                 ended.append(obj)
                 continue
             rank = by_conn[id(obj)]
             try:
-                replies.append((rank, self.conns[rank].recv_bytes()))
+                data = self.conns[rank].recv_bytes()
             except (EOFError, OSError):
                 raise ChannelLost(rank) from None
+            replies.append((rank, decode(data)))
         return replies, ended
 
     def close(self) -> None:

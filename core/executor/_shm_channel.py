@@ -42,7 +42,10 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from multiprocessing import connection, reduction
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+Buffer = bytes | memoryview
 
 CHUNK_BYTES = 4 * 1024 * 1024
 CHUNKS = 4
@@ -178,7 +181,7 @@ def _spin_then_block(
     if ready():
         return True
     end_spin = time.monotonic() + spin
-    while True:
+    while spin > 0:
         os.sched_yield()
         if ready():
             return True
@@ -293,12 +296,17 @@ class ShmChannel:
 
     # reading replies
     def receive(
-        self, pending: Collection[int], timeout: float | None, sentinels: Sequence[int]
-    ) -> tuple[list[tuple[int, bytes]], list[int]]:
-        """Replies ``(rank, data)`` that have arrived from ``pending`` ranks, and the
+        self,
+        pending: Collection[int],
+        timeout: float | None,
+        sentinels: Sequence[int],
+        decode: Callable[[Buffer], T],
+    ) -> tuple[list[tuple[int, T]], list[int]]:
+        """Replies ``(rank, decode(data))`` that have arrived from ``pending`` ranks, and the
         ``sentinels`` that became ready; both empty when ``timeout`` passed first.
 
-        Polls for ``spin`` seconds, then blocks on the wake pipe and the sentinels.
+        Polls for ``spin`` seconds, then blocks on the wake pipe and the sentinels. A reply in
+        shared memory is decoded where it lies (no copy first); ``decode`` must not raise.
         """
         g, mm = self.geometry, self.mm
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -323,14 +331,15 @@ class ShmChannel:
             (length,) = _LEN.unpack_from(mm, at + 1)
             if length == OVERFLOW:
                 try:
-                    data = self.conns[rank].recv_bytes()
+                    value = decode(self.conns[rank].recv_bytes())
                 except (EOFError, OSError):
                     raise ChannelLost(rank) from None
             else:
                 start = at + g.slot_header
-                data = mm[start : start + length]
+                with memoryview(mm) as whole, whole[start : start + length] as view:
+                    value = decode(view)
             mm[at] = 0
-            replies.append((rank, data))
+            replies.append((rank, value))
         if not replies and not ended and deadline is not None:
             ended += [s for s in connection.wait(list(sentinels), timeout=0)]  # type: ignore[misc]
         return replies, ended

@@ -222,6 +222,16 @@ class _WorkerGroup:
                 self.release()
 
 
+def _decode_reply(data: bytes | memoryview) -> tuple[int | None, bool, Any]:
+    """``(rpc_id, ok, value)``; a reply that cannot be unpickled here (e.g. a result whose class
+    the parent cannot import) is a Failure of the call it answers."""
+    try:
+        reply: tuple[int, bool, Any] = loads(data)
+        return reply
+    except Exception as exc:
+        return None, False, Failure.current(exc)
+
+
 class MultiprocExecutor(Executor):
     """Workers as local processes, one per rank, on one node."""
 
@@ -431,16 +441,16 @@ class MultiprocExecutor(Executor):
         while pending:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
             try:
-                replies, ended = channel.receive(sorted(pending), remaining, list(sentinels))
+                replies, ended = channel.receive(
+                    sorted(pending), remaining, list(sentinels), _decode_reply
+                )
             except ChannelLost as lost:
                 raise self._lost(lost.rank, label) from None
             if not replies and not ended:
                 raise self._timed_out(label, sorted(pending), timeout)
-            for rank, data in replies:
-                try:
-                    reply_id, ok, value = loads(data)
-                except Exception as exc:  # e.g. a result whose class the parent cannot import
-                    reply_id, ok, value = rpc_id, False, Failure.current(exc)
+            for rank, (reply_id, ok, value) in replies:
+                if reply_id is None:  # undecodable: it can only be this call's reply
+                    reply_id = rpc_id
                 if reply_id != rpc_id:
                     continue  # a late reply to an earlier call
                 pending.discard(rank)
