@@ -1,6 +1,6 @@
 """collective_rpc through the shared-memory channel against the pipe channel, side by side.
 
-    python benchmarks/rpc_channel.py [--rounds 7] [--method fork] [--spin 0.05] [--out FILE.json]
+    python benchmarks/rpc_channel.py [--rounds 7] [--method fork] [--spin 0] [--out FILE.json]
 
 In one parent (torch imported first, as an engine has), interleaved round by round so that a
 burst of load from elsewhere hits every contender alike:
@@ -8,7 +8,7 @@ burst of load from elsewhere hits every contender alike:
 - a raw ``multiprocessing.Pipe`` round trip to 2 child processes (bytes out, bytes back): the
   floor any pipe-based RPC pays;
 - a no-op ``collective_rpc`` to 2 workers with ``rpc_channel="shm"`` (the default spin window
-  for this machine, and ``--spin``) and with ``"pipe"``;
+  for this machine, and ``--spin``, 0 unless told: every wait blocks) and with ``"pipe"``;
 - a no-op ``collective_rpc`` to 8 workers with ``shm`` (scaling; meaningful only with at least 9
   free CPUs, the CPU count is printed);
 - a 1 MiB echo (1 MiB out to each worker, 1 MiB back from each) with ``shm`` and ``pipe``;
@@ -93,6 +93,7 @@ def measure(rounds: int, method: str, spin: float) -> dict[str, Any]:
         "shm-8": launch("shm", 8),
     }
     default_spin = executors["shm"].rpc_spin
+    window = max(spin, default_spin or 0.0)  # the longest any contender's workers poll
 
     def raw(data: bytes) -> Callable[[], None]:
         def round_trip() -> None:
@@ -122,7 +123,7 @@ def measure(rounds: int, method: str, spin: float) -> dict[str, Any]:
         for _ in range(rounds):
             shuffle(order)  # no contender always runs right after the same other one
             for name, case in order:
-                time.sleep(spin + 0.02)  # the previous contender's workers stop polling
+                time.sleep(window + 0.02)  # the previous contender's workers stop polling
                 times = samples[name]
                 for _ in range(CALLS[name.split("/")[1]]):
                     start = time.perf_counter()
@@ -131,7 +132,7 @@ def measure(rounds: int, method: str, spin: float) -> dict[str, Any]:
         idle = {}
         for name in ("shm", "shm-spin"):
             executors[name].collective_rpc("ping")
-            time.sleep(spin + 0.05)
+            time.sleep(window + 0.05)
             workers = [psutil.Process(pid) for pid in executors[name].pids if pid is not None]
             before = [sum(w.cpu_times()[:2]) for w in workers]
             time.sleep(IDLE_SECONDS)
@@ -205,7 +206,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--method", default="fork", choices=("fork", "spawn", "forkserver"))
     parser.add_argument(
-        "--spin", type=float, default=0.05, help="rpc_spin of the explicit-spin contender"
+        "--spin", type=float, default=0.0, help="rpc_spin of the second shm contender"
     )
     parser.add_argument("--out", help="write every sample as JSON here")
     args = parser.parse_args()

@@ -44,7 +44,7 @@ class Plan:
     ray_address: str | None = None
     ray_pg_timeout: float = 60.0
     rpc_channel: str = DEFAULT_RPC_CHANNEL
-    rpc_spin: float | None = None  # None: SPIN_WITH_FREE_CPUS if the host has the CPUs, else 0
+    rpc_spin: float | None = None  # None: SPIN_WITH_FREE_CPUS if each worker has a CPU, else 0
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     facts: RuntimeFacts | None = None

@@ -502,8 +502,8 @@ class _Decider:
                 spin.source if spin else "default",
                 "seconds a waiting side polls shared memory before it blocks"
                 if spin
-                else f"at start: {SPIN_WITH_FREE_CPUS:g} s where the parent and every worker "
-                "have a CPU of their own, else 0 (polling would take CPU from the workers)",
+                else f"at start: {SPIN_WITH_FREE_CPUS:g} s where every worker has a CPU of its "
+                "own, else 0 (polling workers would take CPU from working ones)",
             )
         return values
 

@@ -29,8 +29,8 @@ T = TypeVar("T")
 EXECUTORS = ("uni", "mp", "ray")
 RPC_CHANNELS = ("shm", "pipe")
 DEFAULT_RPC_CHANNEL = "shm"  # measured faster than pipes (docs/performance.md, "RPC channel")
-# Seconds a waiting side of the shm channel polls before it blocks, where every worker and the
-# parent have a CPU of their own; where they do not, polling would take CPU from the workers.
+# Seconds a waiting side of the shm channel polls before it blocks, where every worker has a CPU
+# of its own; where they do not, polling workers would take CPU from working ones.
 SPIN_WITH_FREE_CPUS = 0.05
 ENV_VARS: dict[str, str] = {
     "backend": "HWLAUNCH_BACKEND",

@@ -76,10 +76,11 @@ Endpoint = Connection | ShmEndpoint
 
 def open_channel(kind: str, world_size: int, spin: float | None) -> Channel:
     """``kind`` is ``shm`` or ``pipe`` (the plan's ``rpc_channel``); ``spin`` None: poll
-    only where the parent and every worker have a CPU of their own."""
+    only where every worker has a CPU of its own (polling workers would otherwise take CPU from
+    working ones)."""
     if kind == "shm":
         if spin is None:
-            spin = SPIN_WITH_FREE_CPUS if _cpus() > world_size else 0.0
+            spin = SPIN_WITH_FREE_CPUS if _cpus() >= world_size else 0.0
         return ShmChannel(world_size, spin=spin)
     if kind == "pipe":
         return PipeChannel()

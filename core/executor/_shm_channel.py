@@ -18,8 +18,8 @@ last process that maps it ends):
 A message that does not fit goes through the rank's pipe instead, with a marker in the ring or
 slot; that is the pipe channel's cost, so large payloads are never slower than with pipes.
 
-Waiting: a party polls (with ``sched_yield``) for ``spin`` seconds, then sets its sleeping byte,
-checks once more and blocks on its wake pipe; whoever publishes checks the sleeping bytes after
+Waiting: a party polls (with ``sched_yield``) for ``spin`` seconds (none after it sent more than
+``SPIN_MAX_BYTES``), then sets its sleeping byte, checks once more and blocks on its wake pipe; whoever publishes checks the sleeping bytes after
 publishing and writes a byte to the wake pipe of each sleeper. The store of the flag and the load
 of the other side's flag are separated by a full memory fence on both sides (a lock round trip:
 an atomic read-modify-write), so a wake-up is never lost; a bounded block is a second guard.
@@ -51,6 +51,10 @@ CHUNK_BYTES = 4 * 1024 * 1024
 CHUNKS = 4
 SLOT_BYTES = 4 * 1024 * 1024
 BLOCK_STEP = 0.1  # the longest a blocked party sleeps before it looks again (a second guard)
+# Polling pays only when the answer comes within microseconds. A side that has just handed over
+# a larger message knows the answer will take at least the time to decode it: it blocks at once
+# (and leaves the CPU to whoever decodes).
+SPIN_MAX_BYTES = 64 * 1024
 
 LINE = 64  # one cache line, so that parties polling different flags do not share one
 _LEN = struct.Struct("<Q")
@@ -228,6 +232,7 @@ class ShmChannel:
         self._wake_r, self._wake_w = _wake_pipe()  # readers wake the parent
         self._reader_wakes = [_wake_pipe() for _ in range(readers)]
         self._next = 0  # ring index of the next message
+        self._last_size = 0  # of the last message sent
         self._closed = False
 
     def endpoint(self, rank: int, conn: Connection | None = None) -> ShmEndpoint:
@@ -255,6 +260,7 @@ class ShmChannel:
         A message larger than a chunk is marked in the ring and written to each rank's pipe.
         """
         g, mm = self.geometry, self.mm
+        self._last_size = len(data)
         at = g.chunk(self._next)
         reads = range(at + 1, at + 1 + g.readers)
 
@@ -322,7 +328,7 @@ class ShmChannel:
             ended.extend(s for s in ready_ if s != self._wake_r)  # type: ignore[misc]
             return bool(ended)
 
-        _spin_then_block(ready, mm, g.sleeping(0), self.spin, block, deadline)
+        _spin_then_block(ready, mm, g.sleeping(0), self._spin_after(), block, deadline)
         replies = []
         _order()  # nothing of a reply is read before its flag
         for rank, at in fulls:
@@ -343,6 +349,9 @@ class ShmChannel:
         if not replies and not ended and deadline is not None:
             ended += [s for s in connection.wait(list(sentinels), timeout=0)]  # type: ignore[misc]
         return replies, ended
+
+    def _spin_after(self) -> float:
+        return self.spin if self._last_size <= SPIN_MAX_BYTES else 0.0
 
     def close(self) -> None:
         """Unmap and close every descriptor; the memory is freed when the workers are gone."""
@@ -383,6 +392,7 @@ class ShmEndpoint:
         self._mm: mmap.mmap | None = None
         self._poller: Any = None
         self._next = 0
+        self._last_size = 0  # of the last reply sent
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__ | {"_mm": None, "_poller": None}
@@ -411,7 +421,8 @@ class ShmEndpoint:
             _drain(self.wake_r.fd)
             return False
 
-        _spin_then_block(ready, mm, g.sleeping(1 + self.rank), self.spin, block, None)
+        spin = self.spin if self._last_size <= SPIN_MAX_BYTES else 0.0
+        _spin_then_block(ready, mm, g.sleeping(1 + self.rank), spin, block, None)
         _order()
         (length,) = _LEN.unpack_from(mm, at + 1 + g.readers)
         if length == OVERFLOW:
@@ -429,6 +440,7 @@ class ShmEndpoint:
     def send_bytes(self, data: bytes) -> None:
         """Answer the last message (the parent takes each answer before it sends again)."""
         g, mm = self._map()
+        self._last_size = len(data)
         at = g.slot(self.rank)
         while mm[at]:  # never the case while the parent keeps the protocol; never overwrite
             time.sleep(0.0001)
