@@ -78,6 +78,11 @@ class WorkerDiedError(HwlaunchError):
         return (type(self), (self.rank, self.pid, self.exitcode, self.where))
 
 
+class ExecutorClosedError(HwlaunchError):
+    """The executor was shut down (by ``shutdown()``, a timeout or an interrupt); launch a new
+    one. A worker's death closes it too, and then raises that WorkerDiedError instead."""
+
+
 class RpcTimeoutError(HwlaunchError):
     """Some ranks did not answer a collective RPC within its timeout."""
 

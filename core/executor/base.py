@@ -1,36 +1,121 @@
-"""The interface every executor shares (uni, mp, ray), and what they compute alike."""
+"""The executor skeleton every executor shares (uni, mp, ray), and what they compute alike.
+
+The base class owns the constructor, the plan, the declared warnings and nodes, the closed and
+died state, the RPC entry point, ``check_health`` and the error vocabulary: a failure becomes
+WorkerStartupError, WorkerDiedError, RpcTimeoutError or ExecutorClosedError here, the same way
+for every executor. A concrete executor implements three things: start the ranks, exchange one
+message with every rank, stop.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 import threading
+import time
 from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Callable, Mapping
-from concurrent.futures import Future, wait
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-from hwlaunch.errors import WorkerError
+from hwlaunch.errors import (
+    ExecutorClosedError,
+    RpcTimeoutError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerStartupError,
+)
+from hwlaunch.executor._background import BackgroundCalls
+from hwlaunch.executor._runtime import (
+    Failure,
+    Request,
+    encode_extension,
+    encode_method,
+    method_label,
+)
 from hwlaunch.plan import Plan
-from hwlaunch.worker_runtime import Failure
+
+__all__ = [
+    "Executor",
+    "StatusCallback",
+    "free_port",
+    "gather",
+    "raise_first_failure",
+    "startup_failure",
+    "worker_environment",
+]
 
 StatusCallback = Callable[[int, str], None]
+K = TypeVar("K", bound=Hashable)
+HEALTH_TIMEOUT = 30.0  # seconds check_health() waits for every worker's ping
 
 
 class Executor(ABC):
     """Starts ``plan.world_size`` workers and runs collective RPCs on them.
 
     Every executor is a context manager; ``shutdown()`` is idempotent and also runs at
-    interpreter exit, so no worker outlives the program.
+    interpreter exit, so no worker outlives the program. After shutdown (or after a timeout or a
+    worker's death closed it) every call raises ExecutorClosedError, or the WorkerDiedError that
+    closed it. ``startup_timeout`` (seconds) overrides the plan's.
     """
 
-    plan: Plan
+    def __init__(
+        self,
+        plan: Plan,
+        worker_extension: type | str | None = None,
+        *,
+        init_distributed: bool = True,
+        startup_timeout: float | None = None,
+        on_status: StatusCallback | None = None,
+    ) -> None:
+        self.plan = plan
+        self.warnings: list[str] = []
+        self.startup_timeout = float(
+            plan.startup_timeout if startup_timeout is None else startup_timeout
+        )
+        self._on_status = on_status
+        self._rpc_lock = threading.Lock()  # one call at a time, as on a worker process
+        self._background = BackgroundCalls()  # where non_block calls run, in call order
+        self._closed_because: str | None = None
+        self._died: WorkerDiedError | None = None
+        extension = encode_extension(worker_extension)
+        try:
+            self._start_ranks(extension, init_distributed)
+        except BaseException:
+            self._close("the workers failed to start")
+            self._stop(polite=False)
+            raise
 
+    # -- what a concrete executor implements ---------------------------------------------
+    @abstractmethod
+    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+        """Start every rank and return once all are ready; raise WorkerStartupError otherwise.
+        ``self.startup_timeout`` bounds the wait; ``self._status(rank, text)`` reports progress."""
+
+    @abstractmethod
+    def _exchange(
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        """Run one call ``(method, args, kwargs)`` on every rank; return (results, failures by
+        rank). A process-based executor sends ``dumps(request)``. With ``reply_rank``, the
+        other ranks' results may be None (they need not travel).
+
+        Raise ``self._timed_out(label, ranks, timeout)`` when ranks do not answer in time and
+        ``self._worker_died(...)`` when one ends."""
+
+    @abstractmethod
+    def _stop(self, polite: bool = True) -> None:
+        """Stop every worker; never hangs; safe to call more than once and from any thread."""
+
+    # -- the shared interface ------------------------------------------------------------
     @property
     def world_size(self) -> int:
         return self.plan.world_size
+
+    @property
+    def nodes(self) -> list[Any]:
+        """Where each rank runs, in rank order (the ray executor's RankNode); empty on one node."""
+        return []
 
     def collective_rpc(
         self,
@@ -56,52 +141,55 @@ class Executor(ABC):
         would have returned (or raised), so the caller can overlap its own work; calls run
         one after another in the order they were made, blocking or not.
         """
-        if unique_reply_rank is not None and (
-            isinstance(unique_reply_rank, bool)
-            or not isinstance(unique_reply_rank, int)
-            or not 0 <= unique_reply_rank < self.world_size
+        self._check_reply_rank(unique_reply_rank)
+        request: Request = (encode_method(method), tuple(args), dict(kwargs or {}))
+        label = method_label(method)
+
+        def run() -> Any:
+            results = self._call(request, label, timeout, unique_reply_rank)
+            return results if unique_reply_rank is None else results[unique_reply_rank]
+
+        if non_block:
+            return self._background.submit(run)
+        self._background.wait_for_last()
+        return run()
+
+    def _check_reply_rank(self, rank: int | None) -> None:
+        if rank is not None and (
+            isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size
         ):
             raise ValueError(
-                f"unique_reply_rank={unique_reply_rank!r} is not a rank of this executor "
+                f"unique_reply_rank={rank!r} is not a rank of this executor "
                 f"(ranks 0 to {self.world_size - 1}), or None for every rank's result"
             )
 
-        def run() -> Any:
-            results = self._collective_rpc(method, args, kwargs, timeout, unique_reply_rank)
-            return results if unique_reply_rank is None else results[unique_reply_rank]
-
-        calls = self._background_calls()
-        if non_block:
-            return calls.submit(run)
-        calls.wait_for_last()
-        return run()
-
-    @abstractmethod
-    def _collective_rpc(
-        self,
-        method: str | Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any] | None,
-        timeout: float | None,
-        reply_rank: int | None,
+    def _call(
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> list[Any]:
-        """Every rank's result in rank order; with ``reply_rank``, the other ranks' results
-        may be None (they need not travel)."""
+        """One collective call under the RPC lock, its failures in the error vocabulary."""
+        with self._rpc_lock:
+            self._raise_if_closed()
+            try:
+                results, failures = self._exchange(request, label, timeout, reply_rank)
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    # KeyboardInterrupt (or SystemExit) mid-exchange: replies are half read, so
+                    # the channels are out of step; the workers cannot be reused.
+                    self._close(f"collective_rpc {label!r} was interrupted by {type(exc).__name__}")
+                    self._stop(polite=False)
+                raise
+        raise_first_failure(failures)
+        return results
 
-    def _background_calls(self) -> BackgroundCalls:
-        with _BACKGROUND_LOCK:
-            calls: BackgroundCalls | None = self.__dict__.get("_background")
-            if calls is None:
-                calls = self.__dict__["_background"] = BackgroundCalls()
-            return calls
-
-    @abstractmethod
     def check_health(self) -> None:
         """Raise WorkerDiedError (or RpcTimeoutError) unless every worker answers."""
+        self._raise_if_closed()
+        self.collective_rpc("ping", timeout=HEALTH_TIMEOUT)
 
-    @abstractmethod
     def shutdown(self) -> None:
         """Stop every worker; never hangs; safe to call more than once."""
+        self._close("shutdown() was called")
+        self._stop()
 
     def __enter__(self) -> Executor:
         return self
@@ -114,52 +202,95 @@ class Executor(ABC):
     ) -> None:
         self.shutdown()
 
+    # -- state and errors, for the concrete executors ------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed_because is not None
 
-_BACKGROUND_LOCK = threading.Lock()
+    def _close(self, reason: str) -> bool:
+        """Mark the executor closed (the first reason stays); True for the first call."""
+        first = self._closed_because is None
+        if first:
+            self._closed_because = reason
+        return first
+
+    def _raise_if_closed(self) -> None:
+        if self._died is not None:
+            raise self._died
+        if self._closed_because is not None:
+            raise ExecutorClosedError(
+                f"this executor was shut down ({self._closed_because}); launch a new one"
+            )
+
+    def _closed_during(self, label: str) -> ExecutorClosedError:
+        return ExecutorClosedError(
+            f"the executor was shut down ({self._closed_because or 'shutdown() was called'}) "
+            f"while collective_rpc {label!r} was running"
+        )
+
+    def _worker_died(self, died: WorkerDiedError) -> WorkerDiedError:
+        """Record the first death, close, and stop the other workers; returns the first death."""
+        if self._died is None:
+            self._died = died
+        self._close(f"worker rank {died.rank} died")
+        self._stop(polite=False)
+        return self._died
+
+    def _timed_out(self, label: str, ranks: list[int], timeout: float | None) -> RpcTimeoutError:
+        """A collective that hung leaves the process group unusable: close, stop, report."""
+        self._close(f"collective_rpc {label!r} timed out")
+        self._stop(polite=False)
+        return RpcTimeoutError(label, ranks, timeout or 0.0)
+
+    def _startup_timed_out(self, ranks: Iterable[int]) -> WorkerStartupError:
+        pending = sorted(ranks)
+        source = _decision_source(self.plan, "startup_timeout")
+        return WorkerStartupError(
+            pending[0],
+            f"not ready within {self.startup_timeout:g}s (startup_timeout from {source}); "
+            f"ranks still starting: {pending}",
+        )
+
+    def _status(self, rank: int, text: str) -> None:
+        if self._on_status is not None:
+            self._on_status(rank, text)
 
 
-class BackgroundCalls:
-    """Runs non-blocking calls one after another on a thread that exists only while they do.
+def _decision_source(plan: Plan, setting: str) -> str:
+    for decision in plan.decisions:
+        if decision.setting == setting:
+            return decision.source
+    return "default"
 
-    No thread outlives its work, so an executor needs no extra step to stop one; the thread is
-    a daemon so that a call still waiting at interpreter exit does not hold the exit up (the
-    executor's own finalizer ends the workers, and with them the call).
+
+def gather(
+    pending: dict[K, int],
+    wait: Callable[[list[K], float | None], Iterable[K]],
+    take: Callable[[K, int], bool],
+    timeout: float | None,
+    on_timeout: Callable[[list[int]], BaseException],
+) -> None:
+    """Wait for every pending key (a pipe, a Ray reference) until the deadline.
+
+    ``wait(keys, remaining)`` returns the keys that are ready (it may raise, e.g. on a death, and
+    it may consume replies itself and remove their keys); ``take(key, rank)`` consumes one
+    and returns whether that rank is done. When the deadline
+    passes with ranks pending, ``on_timeout(ranks)`` is raised.
     """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        ready = list(wait(list(pending), remaining))
+        if not ready and pending and deadline is not None and time.monotonic() >= deadline:
+            raise on_timeout(sorted(pending.values()))
+        for key in ready:
+            if key in pending and take(key, pending[key]):
+                del pending[key]
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
-        self._running = False
-        self._last: Future[Any] | None = None
 
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        future: Future[Any] = Future()
-        with self._lock:
-            self._jobs.append((fn, future))
-            self._last = future
-            if not self._running:
-                self._running = True
-                threading.Thread(target=self._run, name="hwlaunch-rpc", daemon=True).start()
-        return future
-
-    def wait_for_last(self) -> None:
-        """A blocking call waits for the non-blocking ones made before it."""
-        last = self._last
-        if last is not None and not last.done():
-            wait([last])
-
-    def _run(self) -> None:
-        while True:
-            with self._lock:
-                if not self._jobs:
-                    self._running = False
-                    return
-                fn, future = self._jobs.popleft()
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn())
-                except BaseException as exc:
-                    future.set_exception(exc)
+def startup_failure(rank: int, failure: Failure) -> WorkerStartupError:
+    """A worker's own start-up exception, with its traceback."""
+    return WorkerStartupError(rank, f"{failure.exc_type}: {failure.message}", failure.traceback)
 
 
 def raise_first_failure(failures: Mapping[int, Failure]) -> None:
@@ -199,7 +330,12 @@ def visible_devices(plan: Plan, environ: Mapping[str, str] | None = None) -> str
 
 
 def worker_environment(
-    plan: Plan, rank: int, local_rank: int, master_addr: str, master_port: int
+    plan: Plan,
+    rank: int,
+    local_rank: int,
+    master_addr: str,
+    master_port: int,
+    local_world_size: int | None = None,
 ) -> dict[str, str]:
     """The variables a worker process gets on top of the parent's environment."""
     env = dict(plan.env)
@@ -207,7 +343,9 @@ def worker_environment(
         RANK=str(rank),
         LOCAL_RANK=str(local_rank),
         WORLD_SIZE=str(plan.world_size),
-        LOCAL_WORLD_SIZE=str(plan.world_size // max(plan.nnodes, 1)),
+        LOCAL_WORLD_SIZE=str(
+            plan.world_size // max(plan.nnodes, 1) if local_world_size is None else local_world_size
+        ),
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
     )

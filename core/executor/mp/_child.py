@@ -22,10 +22,10 @@ from typing import Any
 
 import psutil
 
-from hwlaunch.executor._shm_channel import ShmEndpoint
-from hwlaunch.mainprep import refuse_reimport
+from hwlaunch.executor._mainprep import refuse_reimport
+from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.executor.mp._shm_channel import ShmEndpoint
 from hwlaunch.plan import Plan
-from hwlaunch.worker_runtime import Failure, answer, start_worker
 
 PR_SET_PDEATHSIG = 1
 
