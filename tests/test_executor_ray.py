@@ -42,6 +42,8 @@ from hwlaunch.plan import Plan
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
+from call_options import CallOptionsProbe, check_call_options  # noqa: E402
+
 from hwlaunch.executor.base import free_port  # noqa: E402
 from hwlaunch.executor.ray import (  # noqa: E402
     RayExecutor,
@@ -54,6 +56,7 @@ pytestmark = pytest.mark.ray
 # Classes and functions of this module travel to the actors by value: the actors cannot
 # import a test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(sys.modules[CallOptionsProbe.__module__])
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 NODE_ARGS: dict[str, Any] = {
@@ -160,7 +163,7 @@ def cluster_plan(**overrides: Any) -> Plan:
     return resolve(backend="cpu", **overrides)
 
 
-class Extension:
+class Extension(CallOptionsProbe):
     """Mixed into the worker class: its methods are callable by name."""
 
     def where(self) -> dict[str, Any]:
@@ -446,6 +449,9 @@ def two_nodes(cluster: Any) -> Iterator[RayExecutor]:
 
 class TestTwoNodes:
     """One rank on each node; the tests share one executor, which they leave usable."""
+
+    def test_non_block_and_unique_reply_rank(self, two_nodes: RayExecutor, connected: Any) -> None:
+        check_call_options(two_nodes)
 
     def test_ranks_on_two_nodes_all_reduce_across_them(
         self, two_nodes: RayExecutor, connected: Any

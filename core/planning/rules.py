@@ -12,7 +12,7 @@ from typing import Any
 
 from hwlaunch._checks import did_you_mean, unknown_name_message
 from hwlaunch.errors import BackendUnavailableError, ConfigError
-from hwlaunch.plan import ExecutorName, Plan, RuntimeFacts
+from hwlaunch.plan import SPIN_WITH_FREE_CPUS, ExecutorName, Plan, RuntimeFacts
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
@@ -56,6 +56,7 @@ def decide(
     notes.note(
         "startup_timeout", startup.value, startup.source, "seconds every worker has to be ready"
     )
+    rpc_channel, rpc_spin = _rpc_settings(executor, overrides, notes)
     return Plan(
         backend=spec.name,
         world_size=world.value,
@@ -71,6 +72,8 @@ def decide(
         ray_address=ray_address,
         ray_pg_timeout=pg_timeout,
         startup_timeout=startup.value,
+        rpc_channel=rpc_channel,
+        rpc_spin=rpc_spin,
         decisions=tuple(notes.decisions),
         warnings=tuple(dict.fromkeys(notes.warnings)),
         facts=facts,
@@ -291,6 +294,36 @@ def _ray_settings(executor: str, overrides: Overrides, notes: Notes) -> tuple[st
         "ray_pg_timeout", timeout.value, timeout.source, "seconds to wait for the placement group"
     )
     return (found.value if found else None), float(timeout.value)
+
+
+def _rpc_settings(executor: str, overrides: Overrides, notes: Notes) -> tuple[str, float | None]:
+    """How the mp executor carries calls; the other executors have their own transport, so
+    the setting is noted only for mp."""
+    channel = overrides.value("rpc_channel")
+    spin = overrides.lookup("rpc_spin")
+    values = (str(channel.value), None if spin is None else float(spin.value))
+    if executor != "mp":
+        return values
+    notes.note(
+        "rpc_channel",
+        values[0],
+        channel.source,
+        "requests written once to shared memory that every worker reads; replies in a "
+        "slot per worker"
+        if values[0] == "shm"
+        else "requests and replies through each worker's pipe",
+    )
+    if values[0] == "shm":
+        notes.note(
+            "rpc_spin",
+            values[1],
+            spin.source if spin else "default",
+            "seconds a waiting side polls shared memory before it blocks"
+            if spin
+            else f"at start: {SPIN_WITH_FREE_CPUS:g} s where every worker has a CPU of its "
+            "own, else 0 (polling workers would take CPU from working ones)",
+        )
+    return values
 
 
 def check_backend_tables(specs: Mapping[str, Any], overrides: Overrides, notes: Notes) -> None:

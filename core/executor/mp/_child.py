@@ -24,6 +24,7 @@ import psutil
 
 from hwlaunch.executor._mainprep import refuse_reimport
 from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.executor.mp._shm_channel import ShmEndpoint
 from hwlaunch.plan import Plan
 
 PR_SET_PDEATHSIG = 1
@@ -90,6 +91,7 @@ def worker_main(
     env: dict[str, str],
     replace_environ: bool,
     conn: Connection,
+    channel: Connection | ShmEndpoint,
     death_r: Connection,
     inherited_fds: tuple[int, ...],
     pdeathsig: bool,
@@ -128,20 +130,25 @@ def worker_main(
         _end_process_tree(1)
         os._exit(1)  # reached only when the death-pipe thread is already ending the process
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
-    serve(worker, conn)
+    serve(worker, rank, channel)
 
 
-def serve(worker: Any, conn: Connection) -> None:
-    """Answer ``(kind, rpc_id, payload)`` requests with ``(rpc_id, ok, value)`` replies."""
+def serve(worker: Any, rank: int, channel: Connection | ShmEndpoint) -> None:
+    """Answer ``(kind, rpc_id, payload, reply_rank)`` requests with ``(rpc_id, ok, value)``.
+
+    ``channel`` is this rank's pipe or its shared-memory endpoint; both read and write whole
+    messages. With a ``reply_rank`` other than this rank, the value stays here (None travels).
+    """
     while True:
         try:
-            kind, rpc_id, payload = pickle.loads(conn.recv_bytes())
+            kind, rpc_id, payload, reply_rank = pickle.loads(channel.recv_bytes())
         except (EOFError, OSError):
             break
         if kind == "shutdown":
             try:
                 worker.shutdown()
             finally:
-                conn.send_bytes(pickle.dumps((rpc_id, True, None)))
+                channel.send_bytes(pickle.dumps((rpc_id, True, None)))
             break
-        conn.send_bytes(answer(worker, payload, rpc_id))
+        keep = reply_rank is None or reply_rank == rank
+        channel.send_bytes(answer(worker, payload, rpc_id, keep_value=keep))

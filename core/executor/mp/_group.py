@@ -14,6 +14,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from hwlaunch.errors import WorkerDiedError
+from hwlaunch.executor.mp._pipe_channel import Channel
+from hwlaunch.executor.mp._shm_channel import ChannelLost
 
 __all__ = ["EXIT_CODE_WAIT", "WorkerGroup"]
 
@@ -39,6 +41,7 @@ class WorkerGroup:
         self.processes: list[BaseProcess] = []
         self.pids: list[int | None] = []
         self.conns: list[Connection] = []
+        self.channel: Channel | None = None  # carries requests and replies once started
         self.death_w: Connection | None = None
         self.wake_r: Connection | None = None
         self.wake_w: Connection | None = None
@@ -114,10 +117,13 @@ class WorkerGroup:
         if self.wake_w is not None:
             with contextlib.suppress(OSError):
                 self.wake_w.send_bytes(b"stop")  # the monitor stops watching
-        if polite:
-            for conn in self.conns:
-                with contextlib.suppress(OSError):
-                    conn.send_bytes(pickle.dumps(("shutdown", 0, b"")))
+        if polite and self.channel is not None:
+            with contextlib.suppress(ChannelLost, OSError, TimeoutError):
+                self.channel.send(
+                    pickle.dumps(("shutdown", 0, b"", None)),
+                    self.check_alive,
+                    time.monotonic() + SHUTDOWN_GRACE,
+                )
             deadline = time.monotonic() + SHUTDOWN_GRACE
             for process in self.processes:
                 process.join(max(0.0, deadline - time.monotonic()))
@@ -144,9 +150,17 @@ class WorkerGroup:
         for pipe in pipes:
             if pipe is not None:
                 pipe.close()
+        if self.channel is not None:
+            self.channel.close()
         for process in self.processes:
             if process.exitcode is not None:  # one that survived SIGKILL keeps its handle
                 process.close()
+
+    def check_alive(self) -> None:
+        """Raise ChannelLost for the first worker that has ended (a writer's wait stops)."""
+        for rank, process in enumerate(self.processes):
+            if process.exitcode is not None:
+                raise ChannelLost(rank)
 
     def leave_rpc(self) -> None:
         """The RPC thread is done with the pipes; close them if a shutdown left that to it."""

@@ -70,10 +70,10 @@ class RankActor:
             return Failure.current(exc)
         return None
 
-    def call(self, payload: bytes) -> bytes:
+    def call(self, payload: bytes, keep_value: bool = True) -> bytes:
         """One RPC: ``(ok, result or Failure)``, pickled here so an unpicklable result is a
         WorkerError, as under the mp executor."""
-        return answer(self.worker, payload)
+        return answer(self.worker, payload, keep_value=keep_value)
 
     def stop(self) -> None:
         if self.worker is not None:

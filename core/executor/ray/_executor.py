@@ -264,7 +264,7 @@ class RayExecutor(Executor):
 
     # -- RPC -----------------------------------------------------------------------------
     def _exchange(
-        self, request: Request, label: str, timeout: float | None
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         group, ray = self._group, self._group.ray
         payload = dumps(request)
@@ -285,7 +285,10 @@ class RayExecutor(Executor):
 
         group.busy = True
         try:
-            refs = [actor.call.remote(arg) for actor in group.actors]
+            refs = [
+                actor.call.remote(arg, reply_rank in (None, rank))
+                for rank, actor in enumerate(group.actors)
+            ]
             gather(
                 {ref: rank for rank, ref in enumerate(refs)},
                 self._wait_one,
