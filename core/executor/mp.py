@@ -25,12 +25,15 @@ from multiprocessing.process import BaseProcess
 from multiprocessing.util import Finalize
 from typing import Any
 
+import psutil
+
 from hwlaunch.errors import (
     RpcTimeoutError,
     WorkerDiedError,
     WorkerStartupError,
     describe_exitcode,
 )
+from hwlaunch.executor import process_tree
 from hwlaunch.executor.base import (
     Executor,
     StatusCallback,
@@ -90,6 +93,7 @@ class _WorkerGroup:
         self.world_size = world_size
         self.processes: list[BaseProcess] = []
         self.pids: list[int | None] = []
+        self.identities: list[psutil.Process | None] = []  # pid + start time, for sweeps
         self.conns: list[Connection] = []
         self.death_w: Connection | None = None
         self.wake_r: Connection | None = None
@@ -163,6 +167,16 @@ class _WorkerGroup:
             self.finished.set()
 
     def _stop_workers(self, polite: bool) -> None:
+        # Each worker kills its own descendants on the way out; what a worker that was killed
+        # (or that could not finish) left behind is swept here once it has ended.
+        seen = [process_tree.descendants(worker) for worker in self.identities]
+        try:
+            self._end_workers(polite)
+        finally:
+            for worker, found in zip(self.identities, seen, strict=True):
+                process_tree.sweep(worker, found)
+
+    def _end_workers(self, polite: bool) -> None:
         if self.wake_w is not None:
             with contextlib.suppress(OSError):
                 self.wake_w.send_bytes(b"stop")  # the monitor stops watching
@@ -302,6 +316,7 @@ class MultiprocExecutor(Executor):
                 process.start()
             group.processes.append(process)
             group.pids.append(process.pid)
+            group.identities.append(process_tree.identify(process.pid))
             child_conn.close()
             if on_status:
                 on_status(rank, "started")
@@ -370,6 +385,7 @@ class MultiprocExecutor(Executor):
         payload = dumps((encode_method(method), tuple(args), dict(kwargs or {})))
         with self._rpc_lock:
             group = self._group
+            self._await_cleanup()
             with group.lock:
                 self._raise_if_unusable()
                 group.rpc_thread = threading.get_ident()
@@ -449,6 +465,13 @@ class MultiprocExecutor(Executor):
             f"{label!r} was running"
         )
 
+    def _await_cleanup(self) -> None:
+        """A shutdown in progress (after a death, from another thread) ends first, so that an
+        error raised here describes a group whose processes, descendants too, are gone."""
+        group = self._group
+        if group.closing:
+            group.finished.wait(SHUTDOWN_GRACE + 3 * SIGNAL_GRACE)
+
     def _raise_if_unusable(self) -> None:
         group = self._group
         if group.died is not None:
@@ -460,6 +483,7 @@ class MultiprocExecutor(Executor):
 
     def check_health(self) -> None:
         group = self._group
+        self._await_cleanup()
         with group.lock:
             self._raise_if_unusable()
             ended = [r for r, p in enumerate(group.processes) if p.exitcode is not None]
