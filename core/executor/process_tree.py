@@ -115,7 +115,7 @@ def _killable(proc: psutil.Process) -> bool:
         status: str = proc.status()
     except psutil.Error:
         return False
-    return status != psutil.STATUS_ZOMBIE
+    return bool(status != psutil.STATUS_ZOMBIE)
 
 
 # -- the parent's side ----------------------------------------------------------------------
