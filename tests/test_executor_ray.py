@@ -493,3 +493,27 @@ class TestTwoNodes:
         assert (
             two_nodes.collective_rpc(lambda worker, data: len(data), args=(big,)) == [len(big)] * 2
         )
+
+
+def test_actor_killed_between_rpcs_is_noticed_by_the_monitor(connected: Any) -> None:
+    """No RPC runs: the monitor alone notices the death, within 2 s, naming rank and node."""
+    ex = RayExecutor(cluster_plan(world_size=2, nnodes=2))
+    try:
+        assert ex.collective_rpc("ping") == ex.pids
+        victim = ex.nodes[1]
+        killed_at = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        while ex._group.died is None and time.monotonic() - killed_at < 10:
+            time.sleep(0.01)
+        detected = time.monotonic() - killed_at
+        print(f"figure: actor killed between RPCs noticed after {detected * 1000:.0f} ms")
+        assert detected < 2.0
+        with pytest.raises(WorkerDiedError) as info:
+            ex.check_health()
+        assert info.value.rank == 1 and info.value.pid == victim.pid
+        assert victim.node_ip in str(info.value) and victim.node_id[:12] in str(info.value)
+        with pytest.raises(WorkerDiedError):
+            ex.collective_rpc("ping")
+        assert_released(ex)
+    finally:
+        ex.shutdown()

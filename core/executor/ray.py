@@ -18,6 +18,12 @@ under torchrun.
 
 The worker inside each actor is the backend's worker class, built and called through
 ``hwlaunch.worker_runtime`` exactly as in the mp executor, so errors and semantics match.
+
+Liveness between calls: each actor also runs ``watch``, a call that never returns, in a
+concurrency group of its own (so RPCs still run one at a time, on the actor's default
+thread, not the process's main thread). Ray fails that call the moment it learns that the
+actor died (its process killed, its node lost); a monitor thread waiting on these calls marks
+the executor dead then, so ``check_health()`` and the next RPC fail at once.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ from hwlaunch.worker_runtime import (
 
 DEFAULT_STARTUP_TIMEOUT = 600.0
 SHUTDOWN_GRACE = 5.0
+WATCH_GROUP = "hwlaunch_watch"  # the actors' concurrency group for watch()
+MONITOR_POLL = 0.5  # seconds between the monitor's checks that the executor is still open
 # Ray copies arguments up to this size into each call; a larger payload is put in the object
 # store once and shared by every rank.
 INLINE_ARGS_LIMIT = 100 * 1024
@@ -340,6 +348,10 @@ class RankActor:
         if self.worker is not None:
             self.worker.shutdown()
 
+    def watch(self) -> None:
+        """Never returns: Ray fails this call when the actor dies (see the module docstring)."""
+        threading.Event().wait()
+
 
 @dataclass(frozen=True)
 class RankNode:
@@ -368,6 +380,52 @@ class _ActorGroup:
         self.closed = False
         self.busy = False
         self.lock = threading.Lock()
+        self.monitor: threading.Thread | None = None
+        self.on_death: Callable[[WorkerDiedError], None] | None = None
+
+    # -- deaths --------------------------------------------------------------------------
+    def record_death(self, rank: int, exc: BaseException) -> WorkerDiedError | None:
+        """The first death of an actor (None when the group was closed on purpose)."""
+        with self.lock:
+            if self.died is None and not self.closed:
+                node = self.nodes[rank] if rank < len(self.nodes) else None
+                where = (
+                    f"Ray actor on node {node.node_ip} (id {node.node_id[:12]}), {ray_reason(exc)}"
+                    if node
+                    else f"Ray actor, {ray_reason(exc)}"
+                )
+                self.died = WorkerDiedError(rank, node.pid if node else None, None, where)
+            died = self.died
+        return died
+
+    def start_monitor(self) -> None:
+        """Watch every actor between (and during) calls; see the module docstring."""
+        refs = {
+            actor.watch.options(concurrency_group=WATCH_GROUP).remote(): rank
+            for rank, actor in enumerate(self.actors)
+        }
+        self.monitor = threading.Thread(
+            target=self._watch, args=(refs,), name="hwlaunch-ray-monitor", daemon=True
+        )
+        self.monitor.start()
+
+    def _watch(self, refs: dict[Any, int]) -> None:
+        ray = self.ray
+        errors = importlib.import_module("ray.exceptions")
+        while not self.closed:
+            try:
+                ready, _ = ray.wait(list(refs), num_returns=1, timeout=MONITOR_POLL)
+                if ready:
+                    ray.get(ready[0])
+            except errors.RayActorError as exc:
+                died = self.record_death(refs[ready[0]], exc)
+                if died is not None:
+                    self.shutdown(polite=False)
+                    if self.on_death is not None:
+                        self.on_death(died)
+                return
+            except Exception:  # Ray is going away (interpreter exit, a disconnect)
+                return
 
     def shutdown(self, polite: bool = True) -> None:
         """Let workers leave the process group, then kill the actors and free the placement
@@ -389,6 +447,8 @@ class _ActorGroup:
             if self.pg is not None:
                 with contextlib.suppress(Exception):
                     ray.util.remove_placement_group(self.pg)
+            if self.monitor is not None and self.monitor is not threading.current_thread():
+                self.monitor.join(MONITOR_POLL * 4)  # done with Ray before the connection ends
         finally:
             if self.owns_connection:
                 release(ray)
@@ -457,7 +517,7 @@ class RayExecutor(Executor):
             )
 
         strategies = importlib.import_module("ray.util.scheduling_strategies")
-        actor_class = ray.remote(RankActor)
+        actor_class = ray.remote(concurrency_groups={WATCH_GROUP: 1})(RankActor)
         inherited = {k: v for k, v in os.environ.items() if k.startswith("HWLAUNCH_")}
         for rank, bundle in enumerate(order):
             env = {
@@ -522,6 +582,7 @@ class RayExecutor(Executor):
                 )
             )
         self._await(starts, deadline, timeout, ready)
+        group.start_monitor()
 
     def _await(
         self,
@@ -612,15 +673,11 @@ class RayExecutor(Executor):
 
     def _died(self, rank: int, exc: BaseException) -> Exception:
         group = self._group
-        if group.died is None:
-            if group.closed:
-                return RuntimeError("this executor was shut down during the call")
-            node = group.nodes[rank]
-            group.died = WorkerDiedError(
-                rank, node.pid, None, f"Ray actor on node {node.node_ip}, {ray_reason(exc)}"
-            )
+        died = group.record_death(rank, exc)
         group.shutdown(polite=False)
-        return group.died
+        if died is None:
+            return RuntimeError("this executor was shut down during the call")
+        return died
 
     def _raise_if_unusable(self) -> None:
         group = self._group
