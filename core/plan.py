@@ -42,6 +42,7 @@ class Plan:
     preload: tuple[str, ...] = ()
     ray_address: str | None = None
     ray_pg_timeout: float = 60.0
+    max_restarts: int = 0
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     facts: RuntimeFacts | None = None
@@ -69,6 +70,7 @@ class Plan:
             "preload": list(self.preload),
             "ray_address": self.ray_address,
             "ray_pg_timeout": self.ray_pg_timeout,
+            "max_restarts": self.max_restarts,
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),
             "facts": self.facts.to_dict() if self.facts is not None else None,

@@ -34,6 +34,7 @@ PYTHON_SOURCES = {
     "executor": "resolve(executor=)",
     "start_method": "resolve(start_method=)",
     "ray_address": "resolve(ray_address=)",
+    "max_restarts": "resolve(max_restarts=)",
 }
 
 
@@ -445,6 +446,7 @@ class _Decider:
                 timeout.source if timeout else "default",
                 "seconds to wait for the placement group",
             )
+        restarts = self.max_restarts(executor)
         return Plan(
             backend=spec.name,
             world_size=world.value,
@@ -459,10 +461,31 @@ class _Decider:
             preload=preload,
             ray_address=ray_address,
             ray_pg_timeout=pg_timeout,
+            max_restarts=restarts,
             decisions=tuple(self.decisions),
             warnings=tuple(dict.fromkeys(self.warnings)),
             facts=self.facts,
         )
+
+    def max_restarts(self, executor: str) -> int:
+        """How often a failed worker group is restarted (0: fail-stop); uni never restarts."""
+        found = self.overrides.lookup("max_restarts")
+        value = found.value if found else 0
+        if executor == "uni" and value:
+            self.warnings.append(
+                f"max_restarts {value} (from {found.source if found else 'default'}) is not used: "
+                "the uni executor runs the worker in this process, which a restart cannot replace"
+            )
+            value = 0
+        self.note(
+            "max_restarts",
+            value,
+            found.source if found else "default",
+            "fail-stop: the first worker death ends the executor"
+            if value == 0
+            else "a failed worker group is stopped and started again, this many times at most",
+        )
+        return int(value)
 
     def env(self, spec: BackendSpec) -> dict[str, str]:
         env = dict(spec.worker_env)
@@ -529,6 +552,7 @@ def resolve(
     config: str | os.PathLike[str] | None = None,
     assume: Mapping[str, object] | Iterable[str] | None = None,
     ray_address: str | None = None,
+    max_restarts: int | None = None,
 ) -> Plan:
     """Decide backend, world size, executor and start method, with a reason for each.
 
@@ -544,5 +568,6 @@ def resolve(
         "executor": executor,
         "start_method": start_method,
         "ray_address": ray_address,
+        "max_restarts": max_restarts,
     }
     return resolve_with_sources(explicit, PYTHON_SOURCES, config=config, assume=assume)

@@ -35,6 +35,7 @@ ENV_VARS: dict[str, str] = {
     "nnodes": "HWLAUNCH_NNODES",
     "ray_address": "HWLAUNCH_RAY_ADDRESS",
     "ray_pg_timeout": "HWLAUNCH_RAY_PG_TIMEOUT",
+    "max_restarts": "HWLAUNCH_MAX_RESTARTS",
 }
 ENV_CONFIG = "HWLAUNCH_CONFIG"
 TOP_LEVEL_KEYS = (*ENV_VARS, "env", "backends")
@@ -91,6 +92,8 @@ def parse_setting(name: str, raw: object, source: str) -> Any:
         return _choice(name, raw, source, START_METHODS)
     if name in ("world_size", "nnodes"):
         return _number(name, raw, source, int, 1)
+    if name == "max_restarts":
+        return _number(name, raw, source, int, 0)
     if name == "ray_pg_timeout":
         return float(_number(name, raw, source, float, 0.001))
     if name in ("backend", "ray_address"):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
-from hwlaunch.errors import WorkerError
+from hwlaunch.errors import WorkerDiedError, WorkerError
 from hwlaunch.plan import Plan
 from hwlaunch.worker_runtime import Failure
 
@@ -36,6 +36,8 @@ class Executor(ABC):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
+        *,
+        setup: bool = False,
     ) -> list[Any]:
         """Run ``method`` on every rank; results come back in rank order.
 
@@ -44,6 +46,10 @@ class Executor(ABC):
         WorkerError (the executor stays usable); a dead worker raises WorkerDiedError; no
         answer within ``timeout`` seconds raises RpcTimeoutError and shuts the executor down,
         since a collective that hung leaves the process group unusable.
+
+        ``setup=True`` marks a call that prepares the workers (loading a model): with
+        ``max_restarts``, a restarted group replays every such call, in order, before it takes
+        other calls. Without restarts it changes nothing.
         """
 
     @abstractmethod
@@ -53,6 +59,13 @@ class Executor(ABC):
     @abstractmethod
     def shutdown(self) -> None:
         """Stop every worker; never hangs; safe to call more than once."""
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
+        """Have ``callback(error)`` called, from a monitor thread, when a worker dies.
+
+        Used by the restart controller; an executor without a monitor (uni) never calls it.
+        """
+        del callback  # no monitor: nothing to call it
 
     def __enter__(self) -> Executor:
         return self

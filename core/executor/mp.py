@@ -101,6 +101,7 @@ class _WorkerGroup:
         self.monitor: threading.Thread | None = None
         self.lock = threading.Lock()
         self.died: WorkerDiedError | None = None  # the first unexpected death
+        self.on_death: Callable[[WorkerDiedError], None] | None = None
         self.closing = False  # shutdown has begun
         self.closed_because = "shutdown() was called"
         self.finished = threading.Event()  # shutdown has ended: every worker is gone
@@ -133,7 +134,9 @@ class _WorkerGroup:
             return
         rank = min(sentinels[s] for s in ready if isinstance(s, int) and s in sentinels)
         # Not waiting: a shutdown already in progress elsewhere joins this thread.
-        self.record_death(rank, wait=False)
+        died = self.record_death(rank, wait=False)
+        if died is not None and self.on_death is not None:
+            self.on_death(died)
 
     # -- shutdown ------------------------------------------------------------------------
     def shutdown(
@@ -381,6 +384,8 @@ class MultiprocExecutor(Executor):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
+        *,
+        setup: bool = False,
     ) -> list[Any]:
         payload = dumps((encode_method(method), tuple(args), dict(kwargs or {})))
         with self._rpc_lock:
@@ -490,6 +495,9 @@ class MultiprocExecutor(Executor):
         if ended:
             raise self._lost(ended[0], "check_health")
         self.collective_rpc("ping", timeout=30.0)
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
+        self._group.on_death = callback
 
     def shutdown(self) -> None:
         self._finalizer()  # runs the group's shutdown once and unregisters it

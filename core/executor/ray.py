@@ -625,6 +625,8 @@ class RayExecutor(Executor):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
+        *,
+        setup: bool = False,
     ) -> list[Any]:
         payload = dumps((encode_method(method), tuple(args), dict(kwargs or {})))
         with self._rpc_lock:
@@ -689,6 +691,9 @@ class RayExecutor(Executor):
     def check_health(self) -> None:
         self._raise_if_unusable()
         self.collective_rpc("ping", timeout=30.0)
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
+        self._group.on_death = callback
 
     def shutdown(self) -> None:
         self._finalizer()

@@ -108,6 +108,8 @@ class UniExecutor(Executor):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
+        *,
+        setup: bool = False,
     ) -> list[Any]:
         encoded = encode_method(method)  # a callable goes through cloudpickle here too
         with self._rpc_lock:

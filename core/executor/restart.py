@@ -1,0 +1,246 @@
+"""Restarts: a failed worker group is replaced by a new one, up to ``plan.max_restarts`` times.
+
+A torch.distributed group cannot take a replacement rank, so a restart replaces the whole
+group, as torchrun does: the failed group is shut down, a new one starts from the same plan
+(a fresh rendezvous: a new port; ``init_device`` / ``init_distributed`` run again), and every
+call the caller made with ``collective_rpc(..., setup=True)`` is replayed, in order, before
+any other call reaches it. Workers see ``RESTART_COUNT`` and ``TORCHELASTIC_RESTART_COUNT``.
+
+The same controller serves the mp and ray executors: it only starts executors, watches for
+deaths (their monitor threads call back) and forwards calls. A death noticed between calls is
+restarted at once, in a background thread; a death during a call is restarted before that
+call raises ``WorkerDiedError(restarted=True)`` (it is not retried: the caller decides). When
+the budget is spent, or the new group fails to start or to replay a setup call, the executor
+ends as a fail-stop one does, with a ``WorkerDiedError`` that notes every restart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from hwlaunch.errors import (
+    RpcTimeoutError,
+    WorkerDiedError,
+    describe_exitcode,
+)
+from hwlaunch.executor.base import Executor
+from hwlaunch.plan import Plan
+from hwlaunch.worker_runtime import method_label
+
+log = logging.getLogger("hwlaunch")
+
+RESTART_VARS = ("RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+HEALTH_TIMEOUT = 30.0
+
+Starter = Callable[[Plan], Executor]
+SetupCall = tuple[Any, tuple[Any, ...], dict[str, Any] | None, float | None]
+
+
+def plan_for_restart(plan: Plan, count: int) -> Plan:
+    """The plan a group runs under: the same, with the restart count in its environment."""
+    return dataclasses.replace(plan, env={**plan.env, **dict.fromkeys(RESTART_VARS, str(count))})
+
+
+def _how(died: WorkerDiedError) -> str:
+    return died.cause or describe_exitcode(died.exitcode)
+
+
+class RestartingExecutor(Executor):
+    """An mp or ray executor that replaces its worker group when a worker fails."""
+
+    def __init__(self, plan: Plan, start: Starter) -> None:
+        self.plan = plan
+        self.restarts = 0
+        self._start = start
+        self._lock = threading.Lock()  # held for a whole restart: calls wait for the new group
+        self._rpc_lock = threading.Lock()
+        self._setup_calls: list[SetupCall] = []
+        self._notes: list[str] = []
+        self._final: WorkerDiedError | None = None
+        self._closed = False
+        self._generation = 0
+        self._inner = start(plan_for_restart(plan, 0))
+        self.warnings: list[str] = list(getattr(self._inner, "warnings", ()))
+        self._restart_threads: list[threading.Thread] = []
+        self._watch(self._inner, 0)
+
+    # -- deaths and restarts -----------------------------------------------------------------
+    def _watch(self, inner: Executor, generation: int) -> None:
+        inner.watch_deaths(lambda died: self._restart_soon(generation, died))
+
+    def _restart_soon(self, generation: int, died: WorkerDiedError) -> None:
+        """From a monitor thread: restart in a thread of our own (the monitor must not wait)."""
+        thread = threading.Thread(
+            target=self._recover, args=(generation, died), name="hwlaunch-restart", daemon=True
+        )
+        thread.start()
+        self._restart_threads = [t for t in self._restart_threads if t.is_alive()] + [thread]
+
+    def _recover(self, generation: int, died: WorkerDiedError) -> None:
+        """Replace the group of ``generation``, which failed with ``died``; once per group."""
+        with self._lock:
+            if generation != self._generation or self._closed or self._final is not None:
+                return
+            self._generation += 1
+            self._inner.shutdown()
+            cause = died
+            while True:
+                if self.restarts >= self.plan.max_restarts:
+                    self._final = self._ended(
+                        cause, f"no restart left (max_restarts {self.plan.max_restarts})"
+                    )
+                    return
+                self.restarts += 1
+                self._note(cause)
+                try:
+                    new = self._start(plan_for_restart(self.plan, self.restarts))
+                except Exception as exc:
+                    self._final = self._ended(
+                        cause, f"restart {self.restarts} failed to start the group: {exc}"
+                    )
+                    return
+                try:
+                    self._replay(new)
+                except WorkerDiedError as again:  # a worker died during the restart
+                    new.shutdown()
+                    cause = again
+                    continue
+                except Exception as exc:  # a setup call failed (WorkerError, a timeout)
+                    new.shutdown()
+                    self._final = self._ended(
+                        cause, f"a setup call failed during restart {self.restarts}: {exc}"
+                    )
+                    return
+                if self._closed:
+                    new.shutdown()
+                    return
+                self._inner = new
+                self._watch(new, self._generation)
+                return
+
+    def _replay(self, new: Executor) -> None:
+        for method, args, kwargs, timeout in self._setup_calls:
+            new.collective_rpc(method, args, kwargs, timeout)
+
+    def _note(self, died: WorkerDiedError) -> None:
+        where = f", {died.where}" if died.where else ""
+        text = (
+            f"restart {self.restarts} of {self.plan.max_restarts}: worker rank {died.rank} "
+            f"(pid {died.pid}{where}) failed: {_how(died)}"
+        )
+        self._notes.append(text)
+        self.plan = dataclasses.replace(self.plan, warnings=(*self.plan.warnings, text))
+        log.warning("hwlaunch: %s", text)
+
+    def _ended(self, died: WorkerDiedError, why: str) -> WorkerDiedError:
+        return WorkerDiedError(
+            died.rank,
+            died.pid,
+            died.exitcode,
+            died.where,
+            restarts=tuple(self._notes),
+            cause=f"{_how(died)}; {why}",
+        )
+
+    def _after_failure(self, generation: int, died: WorkerDiedError) -> WorkerDiedError:
+        """Restart (unless done already), then the error the failed call raises."""
+        self._recover(generation, died)
+        with self._lock:
+            if self._final is not None:
+                return self._final
+            if self._closed or self._generation == generation:
+                return died
+            return WorkerDiedError(
+                died.rank,
+                died.pid,
+                died.exitcode,
+                died.where,
+                restarted=True,
+                restarts=tuple(self._notes),
+                cause=died.cause,
+            )
+
+    def _current(self) -> tuple[Executor, int]:
+        """The group calls go to, once any restart in progress has ended."""
+        with self._lock:
+            if self._final is not None:
+                raise self._final
+            if self._closed:
+                raise RuntimeError("this executor was shut down; launch a new one")
+            return self._inner, self._generation
+
+    # -- the Executor interface ------------------------------------------------------------
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        *,
+        setup: bool = False,
+    ) -> list[Any]:
+        with self._rpc_lock:
+            inner, generation = self._current()
+            try:
+                results = inner.collective_rpc(method, args, kwargs, timeout)
+            except WorkerDiedError as died:
+                raise self._after_failure(generation, died) from None
+            except RpcTimeoutError as exc:
+                hung = WorkerDiedError(
+                    exc.ranks[0] if exc.ranks else 0,
+                    None,
+                    None,
+                    cause=f"did not answer collective_rpc {exc.method!r} within {exc.timeout:g}s",
+                )
+                outcome = self._after_failure(generation, hung)
+                if outcome.restarted:
+                    exc.restarted = True
+                    raise
+                raise outcome from exc
+            if setup:
+                self._setup_calls.append((method, tuple(args), kwargs, timeout))
+            return results
+
+    def check_health(self) -> None:
+        """A dead or silent worker restarts the group; the check then raises what it found."""
+        with self._rpc_lock:
+            inner, generation = self._current()
+            try:
+                inner.check_health()
+            except WorkerDiedError as died:
+                raise self._after_failure(generation, died) from None
+            except RpcTimeoutError as exc:
+                hung = WorkerDiedError(
+                    exc.ranks[0] if exc.ranks else 0,
+                    None,
+                    None,
+                    cause=f"no answer to the health check within {exc.timeout:g}s",
+                )
+                raise self._after_failure(generation, hung) from exc
+
+    def shutdown(self) -> None:
+        self._closed = True  # a restart in progress stops at its next step
+        with self._lock:
+            self._inner.shutdown()
+        for thread in self._restart_threads:
+            if thread is not threading.current_thread():
+                thread.join()
+
+    @property
+    def pids(self) -> list[int | None]:
+        """The current group's process ids, in rank order."""
+        return list(getattr(self._inner, "pids", []))
+
+    @property
+    def nodes(self) -> list[Any]:
+        """Where each rank of the current group runs (ray executor)."""
+        return list(getattr(self._inner, "nodes", []))
+
+    @property
+    def setup_calls(self) -> list[str]:
+        """The recorded setup calls, by name, in the order a restart replays them."""
+        return [method_label(call[0]) for call in self._setup_calls]
