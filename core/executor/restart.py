@@ -54,7 +54,7 @@ class RestartingExecutor(Executor):
 
     def __init__(self, plan: Plan, start: Starter) -> None:
         self.plan = plan
-        self.restarts = 0
+        self.restarts = 0  # restarts begun (the one in progress included)
         self._start = start
         self._lock = threading.Lock()  # held for a whole restart: calls wait for the new group
         self._rpc_lock = threading.Lock()
@@ -232,13 +232,15 @@ class RestartingExecutor(Executor):
 
     @property
     def pids(self) -> list[int | None]:
-        """The current group's process ids, in rank order."""
-        return list(getattr(self._inner, "pids", []))
+        """The current group's process ids, in rank order (after a restart in progress)."""
+        with self._lock:
+            return list(getattr(self._inner, "pids", []))
 
     @property
     def nodes(self) -> list[Any]:
-        """Where each rank of the current group runs (ray executor)."""
-        return list(getattr(self._inner, "nodes", []))
+        """Where each rank of the current group runs (ray executor; after a restart)."""
+        with self._lock:
+            return list(getattr(self._inner, "nodes", []))
 
     @property
     def setup_calls(self) -> list[str]:
