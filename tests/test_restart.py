@@ -268,3 +268,16 @@ def test_worker_dying_during_the_last_restart_ends_with_every_note(tracker: Trac
     assert executor.restarts == 1 and not err.restarted
     assert "exited with code 5" in str(err) and "no restart left" in str(err)
     assert len(err.restarts) == 1 and "killed by signal SIGKILL" in err.restarts[0]
+
+
+def test_call_past_its_timeout_restarts_the_group(tracker: Tracker, tmp_path: Path) -> None:
+    from hwlaunch import RpcTimeoutError
+
+    executor = tracker.launch("fork", max_restarts=1)
+    old = list(executor.pids)
+    with pytest.raises(RpcTimeoutError) as info:
+        executor.collective_rpc(block, args=(str(tmp_path),), timeout=1.0)
+    assert info.value.restarted and executor.restarts == 1
+    assert set(tracker.seen(executor)).isdisjoint(old)
+    assert executor.collective_rpc("all_reduce_rank") == [1, 1]
+    assert "did not answer collective_rpc 'block' within 1s" in executor.plan.warnings[-1]
