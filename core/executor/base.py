@@ -24,6 +24,7 @@ class Executor(ABC):
     """
 
     plan: Plan
+    restarts: int = 0  # groups replaced after a failure (max_restarts); 0 when fail-stop
 
     @property
     def world_size(self) -> int:
@@ -66,6 +67,11 @@ class Executor(ABC):
         Used by the restart controller; an executor without a monitor (uni) never calls it.
         """
         del callback  # no monitor: nothing to call it
+
+    def stop_group(self) -> None:
+        """Stop every worker before a restart; resources the next group reuses may stay
+        (the ray executor's connection). ``shutdown()`` still follows."""
+        self.shutdown()
 
     def __enter__(self) -> Executor:
         return self

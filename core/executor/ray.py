@@ -380,6 +380,7 @@ class _ActorGroup:
         self.closed = False
         self.busy = False
         self.lock = threading.Lock()
+        self.released = False  # this group's use of the connection has ended
         self.monitor: threading.Thread | None = None
         self.on_death: Callable[[WorkerDiedError], None] | None = None
 
@@ -420,21 +421,31 @@ class _ActorGroup:
             except errors.RayActorError as exc:
                 died = self.record_death(refs[ready[0]], exc)
                 if died is not None:
-                    self.shutdown(polite=False)
+                    self.shutdown(polite=False, keep_connection=self.on_death is not None)
                     if self.on_death is not None:
                         self.on_death(died)
                 return
             except Exception:  # Ray is going away (interpreter exit, a disconnect)
                 return
 
-    def shutdown(self, polite: bool = True) -> None:
+    def shutdown(self, polite: bool = True, *, keep_connection: bool = False) -> None:
         """Let workers leave the process group, then kill the actors and free the placement
-        group. Idempotent; never hangs; quiet when Ray is already gone (interpreter exit)."""
+        group. Idempotent; never hangs; quiet when Ray is already gone (interpreter exit).
+
+        ``keep_connection``: a death seen while a restart controller watches; the connection
+        (perhaps a local Ray instance) stays for the next group, and the executor's own
+        shutdown, which the controller calls, ends it.
+        """
         with self.lock:
-            if self.closed:
-                return
+            first = not self.closed
             self.closed = True
+            release_now = self.owns_connection and not keep_connection and not self.released
+            self.released = self.released or release_now
         ray = self.ray
+        if not first:
+            if release_now:
+                release(ray)
+            return
         try:
             if not ray.is_initialized():
                 return  # Ray's own shutdown already ended every actor and placement group
@@ -450,7 +461,7 @@ class _ActorGroup:
             if self.monitor is not None and self.monitor is not threading.current_thread():
                 self.monitor.join(MONITOR_POLL * 4)  # done with Ray before the connection ends
         finally:
-            if self.owns_connection:
+            if release_now:
                 release(ray)
 
 
@@ -658,7 +669,7 @@ class RayExecutor(Executor):
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
             if not ready:
-                group.shutdown(polite=False)
+                group.shutdown(polite=False, keep_connection=group.on_death is not None)
                 raise RpcTimeoutError(method_label(method), sorted(pending.values()), timeout or 0)
             for ref in ready:
                 rank = pending.pop(ref)
@@ -676,7 +687,7 @@ class RayExecutor(Executor):
     def _died(self, rank: int, exc: BaseException) -> Exception:
         group = self._group
         died = group.record_death(rank, exc)
-        group.shutdown(polite=False)
+        group.shutdown(polite=False, keep_connection=group.on_death is not None)
         if died is None:
             return RuntimeError("this executor was shut down during the call")
         return died
@@ -694,6 +705,10 @@ class RayExecutor(Executor):
 
     def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
         self._group.on_death = callback
+
+    def stop_group(self) -> None:
+        """Kill the actors and free the placement group; keep the connection for a restart."""
+        self._group.shutdown(polite=False, keep_connection=True)
 
     def shutdown(self) -> None:
         self._finalizer()

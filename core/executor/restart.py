@@ -86,41 +86,52 @@ class RestartingExecutor(Executor):
             if generation != self._generation or self._closed or self._final is not None:
                 return
             self._generation += 1
-            self._inner.shutdown()
-            cause = died
-            while True:
-                if self.restarts >= self.plan.max_restarts:
-                    self._final = self._ended(
-                        cause, f"no restart left (max_restarts {self.plan.max_restarts})"
-                    )
-                    return
-                self.restarts += 1
-                self._note(cause)
-                try:
-                    new = self._start(plan_for_restart(self.plan, self.restarts))
-                except Exception as exc:
-                    self._final = self._ended(
-                        cause, f"restart {self.restarts} failed to start the group: {exc}"
-                    )
-                    return
-                try:
-                    self._replay(new)
-                except WorkerDiedError as again:  # a worker died during the restart
-                    new.shutdown()
-                    cause = again
-                    continue
-                except Exception as exc:  # a setup call failed (WorkerError, a timeout)
-                    new.shutdown()
-                    self._final = self._ended(
-                        cause, f"a setup call failed during restart {self.restarts}: {exc}"
-                    )
-                    return
-                if self._closed:
-                    new.shutdown()
-                    return
-                self._inner = new
-                self._watch(new, self._generation)
+            retired = [self._inner]
+            self._inner.stop_group()
+            try:
+                self._restart(died, retired)
+            finally:
+                # After the new group started: it may share their Ray connection.
+                for executor in retired:
+                    executor.shutdown()
+
+    def _restart(self, died: WorkerDiedError, retired: list[Executor]) -> None:
+        """Start groups until one replays every setup call, or the executor ends."""
+        cause = died
+        while True:
+            if self.restarts >= self.plan.max_restarts:
+                self._final = self._ended(
+                    cause, f"no restart left (max_restarts {self.plan.max_restarts})"
+                )
                 return
+            self.restarts += 1
+            self._note(cause)
+            try:
+                new = self._start(plan_for_restart(self.plan, self.restarts))
+            except Exception as exc:
+                self._final = self._ended(
+                    cause, f"restart {self.restarts} failed to start the group: {exc}"
+                )
+                return
+            try:
+                self._replay(new)
+            except WorkerDiedError as again:  # a worker died during the restart
+                new.stop_group()
+                retired.append(new)
+                cause = again
+                continue
+            except Exception as exc:  # a setup call failed (WorkerError, a timeout)
+                new.shutdown()
+                self._final = self._ended(
+                    cause, f"a setup call failed during restart {self.restarts}: {exc}"
+                )
+                return
+            if self._closed:
+                new.shutdown()
+                return
+            self._inner = new
+            self._watch(new, self._generation)
+            return
 
     def _replay(self, new: Executor) -> None:
         for method, args, kwargs, timeout in self._setup_calls:
