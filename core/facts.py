@@ -10,14 +10,14 @@ import multiprocessing
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any, get_args
 
 from hwlaunch.errors import ConfigError
 from hwlaunch.mainguard import MainGuard, MainGuardStatus, detect_main_guard
 from hwlaunch.settings import did_you_mean
 from hwlaunch.spec import START_METHODS, BackendSpec
 
-MAIN_GUARD_VALUES = ("guarded", "unguarded", "no-main-file", "unknown")
+MAIN_GUARD_VALUES: tuple[MainGuardStatus, ...] = get_args(MainGuardStatus)
 GLOBAL_KEYS = (
     "main_guard",
     "interactive",
@@ -221,7 +221,7 @@ def apply_assumptions(
                     f"{did_you_mean(status, MAIN_GUARD_VALUES)} "
                     f"(allowed: {', '.join(MAIN_GUARD_VALUES)})"
                 )
-            changes["main_guard"] = MainGuard(cast(MainGuardStatus, status), detail="assumed")
+            changes["main_guard"] = MainGuard(status, detail="assumed")
         elif key == "start_methods":
             methods = tuple(m.strip() for m in str(raw).split(",") if m.strip())
             bad = [m for m in methods if m not in START_METHODS]

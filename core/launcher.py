@@ -40,6 +40,15 @@ def launch(
             f"launch() got a plan and resolve() keywords {sorted(overrides)}; pass one or the other"
         )
     executor = _start(plan, worker_extension, init_distributed, startup_timeout, on_status)
+    if plan.facts is not None:
+        from hwlaunch.mainguard import note_launch
+
+        guard = plan.facts.main_guard
+        note_launch(guard)  # a later launch's spawned children re-run this one
+        if guard.status == "unguarded" and guard.file:
+            from hwlaunch.mainprep import refuse_reimport
+
+            refuse_reimport(guard.where() or guard.file)
     if resolved_here:
         for text in getattr(executor, "warnings", ()):
             warnings.warn(f"hwlaunch: {text}", UserWarning, stacklevel=2)

@@ -1,17 +1,25 @@
-"""Find out whether the running line of ``__main__`` is protected by ``if __name__ == "__main__":``.
+"""What a spawn or forkserver child will do with this process's ``__main__``, decided before any
+process starts.
 
-Why: the spawn and forkserver start methods re-run the main file in every child (as
-``__mp_main__``). When the launch sits at module level the child launches again, and Python dies
-with the cryptic "bootstrapping phase" RuntimeError. Knowing this *before* starting processes lets
-the planner choose fork, or stop with the exact line to move under a guard.
+Why: spawn and forkserver re-run the main module in every child (as ``__mp_main__``). When that
+re-run reaches a launch, the child launches again: Python dies with the cryptic "bootstrapping
+phase" RuntimeError, or, when the launch is hwlaunch's, a second copy of the job starts.
+
+What the child re-runs is CPython's decision, not ours: ``multiprocessing.spawn``'s
+``get_preparation_data`` (in the parent) sends the main module's ``__spec__.name``, else its
+``__file__``; ``_fixup_main_from_name`` skips a name that is ``__main__`` or ends in
+``.__main__`` (``python -m pkg``, a directory, a zip app), and ``_fixup_main_from_path`` skips a
+file named ``ipython``. :func:`reimport_target` follows those rules for the running interpreter;
+the source of what is re-run, and the line of it that is running now, decide the rest.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import importlib.util
 import itertools
-import linecache
+import multiprocessing
 import os
 import re
 import sys
@@ -19,17 +27,31 @@ import threading
 import tokenize
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any, Literal, TypeGuard
+from multiprocessing import process, spawn
+from types import FrameType, ModuleType
+from typing import Literal
 
-MainGuardStatus = Literal["guarded", "unguarded", "no-main-file", "unknown"]
+MainGuardStatus = Literal[
+    "guarded", "unguarded", "no-main-file", "not-reimportable", "reimporting", "unknown"
+]
+# What spawn/forkserver must not be used with: the child would launch again, could not start
+# at all, or nobody can tell.
+REIMPORT_UNSAFE: tuple[MainGuardStatus, ...] = ("unguarded", "not-reimportable", "unknown")
 
 _Spans = tuple[tuple[int, int], ...]
 
 
 @dataclass(frozen=True)
 class MainGuard:
-    """Whether the module-level line of ``__main__`` that is executing sits inside a main guard."""
+    """What a spawned child does with ``__main__``, and where this process is in it.
+
+    ``guarded``: the child re-runs the main module, and the running line (and every earlier
+    launch of this process) is inside a main guard. ``unguarded``: the re-run reaches a launch
+    (``file:line``). ``no-main-file``: the child re-runs nothing. ``not-reimportable``: the
+    child would try to re-run a main it cannot read (code from stdin). ``reimporting``: this
+    process *is* such a child, re-running ``__main__``. ``unknown``: the re-run cannot be
+    analysed (a ``.pyc`` without source, a loader without source).
+    """
 
     status: MainGuardStatus
     file: str | None = None
@@ -38,20 +60,62 @@ class MainGuard:
 
     def describe(self) -> str:
         """One line for people, e.g. ``unguarded (train.py:12)``."""
-        where = f"{os.path.basename(self.file)}:{self.line}" if self.file and self.line else None
-        reason = ": ".join(part for part in (where, self.detail) if part)
+        reason = ": ".join(part for part in (self.where(short=True), self.detail) if part)
         return f"{self.status} ({reason})" if reason else self.status
+
+    def where(self, *, short: bool = False) -> str | None:
+        if not (self.file and self.line):
+            return None
+        return f"{os.path.basename(self.file) if short else self.file}:{self.line}"
+
+    def problem(self) -> str:
+        """Why spawn/forkserver cannot be used with this main, for error messages."""
+        where = self.where() or self.file or "the main script"
+        if self.status == "unguarded":
+            why = f" ({self.detail})" if self.detail and self.detail != "assumed" else ""
+            return (
+                f"{where} starts workers at module level, outside an "
+                f'`if __name__ == "__main__":` block{why}, so each spawned worker would re-run '
+                "it and launch again"
+            )
+        if self.status == "not-reimportable":
+            return (
+                f"each spawned worker would have to re-run __main__, which it cannot read "
+                f"({self.detail or where})"
+            )
+        if self.status == "reimporting":
+            return (
+                f"this process is a spawned child re-importing the program's __main__, and the "
+                f"re-import reached a launch at {where}"
+            )
+        return (
+            "each spawned worker would re-run __main__, and hwlaunch cannot read what that "
+            f"re-run does ({self.detail or where})"
+        )
+
+
+_launched_unguarded: list[MainGuard] = []
+
+
+def note_launch(guard: MainGuard) -> None:
+    """Remember a launch made at module level, outside a guard (by ``launch()``).
+
+    Why: a later, guarded launch's spawn/forkserver children re-run the whole main module, this
+    earlier launch included.
+    """
+    if guard.status == "unguarded" and guard.file and guard.line:
+        _launched_unguarded.append(guard)
 
 
 def detect_main_guard() -> MainGuard:
-    """Inspect the main thread's stack and the main file's source; never raises.
+    """Inspect the main thread's stack, ``sys.modules["__main__"]`` and its source; never raises.
 
-    Of the module-level frames of ``__main__``, the *innermost* one that runs the code of its own
-    ``__file__`` decides. Why innermost: under ``runpy.run_path(script, run_name="__main__")``
-    ``sys.modules["__main__"]`` is the inner script while it runs, and that is the file a spawned
-    child re-runs. Why "its own file": code compiled from a string (``exec``) is not re-run by the
-    child, the line of the main file that called it is; trusting the string's (or a borrowed)
-    file name could give a wrong "guarded", which is the one answer that must never be wrong.
+    The running line that matters is that of the outermost module-level frame executing the
+    main module's own namespace and file: the child re-runs that module from the top, so it
+    reaches the launch exactly when that line is outside a guard. Code compiled from a string
+    (``exec``) is not re-run by the child, the line of the main file that called it is; a
+    frame of another file under the main namespace could give a wrong "guarded", which is the
+    one answer that must never be wrong.
     """
     try:
         return _detect()
@@ -60,12 +124,11 @@ def detect_main_guard() -> MainGuard:
 
 
 def line_is_guarded(source: str, lineno: int) -> bool | None:
-    """Whether line ``lineno`` of ``source`` lies in the body of a module-level main guard.
+    """Whether line ``lineno`` of ``source`` lies in a branch that runs only as ``__main__``.
 
     ``None`` when the source cannot be parsed (the bodies of top-level functions and classes are
-    skipped, so a syntax error inside one may go unnoticed). Only a plain ``__name__ ==
-    "__main__"`` test (either order) counts; ``elif``/``else`` branches and compound tests are not
-    trusted (conservative).
+    skipped, so a syntax error inside one may go unnoticed). See :func:`_main_branch` for the
+    tests that count; anything else is not trusted (conservative).
     """
     try:
         spans, _ = _analyse(source)
@@ -74,29 +137,94 @@ def line_is_guarded(source: str, lineno: int) -> bool | None:
     return any(start <= lineno <= end for start, end in spans)
 
 
+@dataclass(frozen=True)
+class ReimportTarget:
+    """What ``multiprocessing.spawn.prepare`` does in a child: run a module by name, a file by
+    path, or nothing (``kind`` None, with ``why``)."""
+
+    kind: Literal["name", "path"] | None
+    value: str = ""
+    why: str = ""
+
+
+def reimport_target(main: ModuleType | None) -> ReimportTarget:
+    """The parent's ``get_preparation_data`` and the child's ``_fixup_main_from_*`` skips."""
+    if main is None:
+        return ReimportTarget(None, why="there is no __main__ module")
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        if name == "__main__" or name.endswith(".__main__"):
+            return ReimportTarget(
+                None, why=f"__main__ is {name}, which multiprocessing never re-runs"
+            )
+        return ReimportTarget("name", name)
+    if sys.platform == "win32" and (getattr(spawn, "WINEXE", False) or spawn.WINSERVICE):
+        return ReimportTarget(None, why="a frozen Windows executable")
+    path = getattr(main, "__file__", None)
+    if path is None:
+        return ReimportTarget(None, why=_no_file_reason())
+    path = os.path.normpath(_absolute(path))
+    if os.path.splitext(os.path.basename(path))[0] == "ipython":
+        return ReimportTarget(None, why=f"{path} is named ipython, which multiprocessing skips")
+    return ReimportTarget("path", path)
+
+
 def _detect() -> MainGuard:
-    frames = _main_module_frames(_main_thread_frame())
-    for index, frame in enumerate(frames):
-        own_file = frame.f_globals.get("__file__")
-        if _is_file(own_file) and _same_path(own_file, frame.f_code.co_filename):
-            # exec(compile(src, __file__, "exec")) nests a <module> frame under the same file
-            # name, with line numbers of the string: the outermost frame of such a run is the
-            # file's own line.
-            while (
-                index + 1 < len(frames)
-                and frames[index + 1].f_code.co_filename == frame.f_code.co_filename
-            ):
-                index += 1
-                frame = frames[index]
-            return _check(frame.f_code.co_filename, frame.f_lineno, frame.f_globals)
-    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
-    if not _is_file(main_file):
-        return MainGuard("no-main-file", detail=_no_file_reason(frames))
-    running = frames[0].f_code.co_filename if frames else "nothing at module level"
+    frames = _module_frames(_main_thread_frame())
+    inside = _reimporting(frames)
+    if inside is not None:
+        return inside
+    main = sys.modules.get("__main__")
+    target = reimport_target(main)
+    if target.kind is None or main is None:
+        return MainGuard("no-main-file", detail=target.why)
+    if target.kind == "path" and not os.path.exists(target.value):
+        what = os.path.basename(target.value)
+        why = "code read from stdin" if what == "<stdin>" else f"{target.value} does not exist"
+        return MainGuard(
+            "not-reimportable", target.value, detail=f"{why}: a spawned child would run {what}"
+        )
+    file = getattr(main, "__file__", None)
+    try:
+        source_file, source = _main_source(main, target, frames)
+    except (OSError, SyntaxError, ValueError, ImportError) as exc:
+        return MainGuard("unknown", file, detail=f"{type(exc).__name__}: {exc}")
+    frame = _running_frame(frames, main, source_file)
+    if frame is None:
+        running = frames[0].f_code.co_filename if frames else "nothing at module level"
+        return MainGuard(
+            "unknown",
+            source_file,
+            detail=f"the top level of {os.path.basename(source_file)} is not running ({running})",
+        )
+    guard = _check(source_file, frame.f_lineno, source)
+    if guard.status != "guarded":
+        return guard
+    for earlier in _launched_unguarded:
+        if _same_path(earlier.file or "", source_file):
+            return MainGuard(
+                "unguarded",
+                earlier.file,
+                earlier.line,
+                f"an earlier launch of this process at {earlier.where(short=True)} runs at "
+                "module level",
+            )
+    return guard
+
+
+def _reimporting(frames: list[FrameType]) -> MainGuard | None:
+    """This process is a spawn/forkserver child still re-running the program's ``__main__``."""
+    mp_main = [f for f in frames if f.f_globals.get("__name__") == "__mp_main__"]
+    inheriting = getattr(multiprocessing.current_process(), "_inheriting", False)
+    if not (mp_main or inheriting):
+        return None
+    frame = mp_main[-1] if mp_main else (frames[-1] if frames else None)
+    file, line = (frame.f_code.co_filename, frame.f_lineno) if frame else (None, None)
     return MainGuard(
-        "unknown",
-        file=main_file,
-        detail=f"__main__ is not running its file {os.path.basename(main_file)} ({running})",
+        "reimporting",
+        file,
+        line,
+        "multiprocessing is re-running __main__ as __mp_main__ in a child it is starting",
     )
 
 
@@ -108,65 +236,137 @@ def _main_thread_frame() -> FrameType | None:
     return None if ident is None else sys._current_frames().get(ident)
 
 
-def _main_module_frames(frame: FrameType | None) -> list[FrameType]:
-    """Module-level frames of ``__main__`` on the stack, innermost first."""
+def _module_frames(frame: FrameType | None) -> list[FrameType]:
+    """Module-level frames on the stack, innermost first."""
     found = []
     while frame is not None:
-        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__main__":
+        if frame.f_code.co_name == "<module>":
             found.append(frame)
         frame = frame.f_back
     return found
 
 
-def _is_file(name: object) -> TypeGuard[str]:
-    """A file name, not a pseudo one such as ``<stdin>`` (``python -`` sets that as ``__file__``).
+def _running_frame(frames: list[FrameType], main: ModuleType, file: str) -> FrameType | None:
+    """The outermost module-level frame running the main module's namespace and its file.
 
-    Python also deletes ``__main__.__file__`` once the main script has finished: a spawned child
-    then re-runs nothing, which is why that case reads as "no-main-file" too.
+    Outermost: ``exec(compile(src, __file__, "exec"))`` nests a frame with the same namespace
+    and file name but the string's line numbers; the file's own frame is the one outside it.
     """
-    return isinstance(name, str) and not (name.startswith("<") and name.endswith(">"))
+    namespace = vars(main)
+    for frame in reversed(frames):
+        if frame.f_globals is namespace and _same_path(frame.f_code.co_filename, file):
+            return frame
+    return None
+
+
+def _absolute(path: str) -> str:
+    """As multiprocessing makes a relative main path absolute: against the start directory."""
+    original: str | None = getattr(process, "ORIGINAL_DIR", None)
+    if not os.path.isabs(path) and original is not None:
+        path = os.path.join(original, path)
+    return path
 
 
 def _same_path(a: str, b: str) -> bool:
-    return os.path.normcase(os.path.normpath(a)) == os.path.normcase(os.path.normpath(b))
+    def norm(path: str) -> str:
+        return os.path.normcase(os.path.normpath(_absolute(path)))
+
+    return norm(a) == norm(b)
 
 
-def _no_file_reason(frames: list[FrameType]) -> str:
+def _no_file_reason() -> str:
     if hasattr(sys, "ps1") or sys.flags.interactive:
         return "interactive interpreter"
-    running = frames[0].f_code.co_filename if frames else ""
-    return {"<string>": "python -c", "<stdin>": "code read from stdin"}.get(
-        running, "__main__ has no file"
+    if sys.argv[:1] == ["-c"]:
+        return "python -c"
+    return "__main__ has no file"
+
+
+def _main_source(
+    main: ModuleType, target: ReimportTarget, frames: list[FrameType]
+) -> tuple[str, str | None]:
+    """(file name the main's code carries, its source; None when read from the file itself).
+
+    Raises when the re-run cannot be analysed, with what could not be read.
+    """
+    file = getattr(main, "__file__", None)
+    spec = getattr(main, "__spec__", None)
+    if file is None and spec is not None:
+        file = spec.origin
+    if not isinstance(file, str):
+        raise ValueError(f"{target.value} has no file name to read its source from")
+    if file.endswith((".pyc", ".pyo")):
+        return _pyc_source(file, frames), None
+    if os.path.isfile(file):
+        return file, None
+    # A member of a zip archive: the module's loader has the source, as for tracebacks.
+    loader = getattr(spec, "loader", None) or getattr(main, "__loader__", None)
+    get_source = getattr(loader, "get_source", None)
+    name = spec.name if spec is not None else target.value
+    source = get_source(name) if get_source is not None else None
+    if source is None:
+        raise OSError(f"no source available for {file}")
+    return file, source
+
+
+def _pyc_source(pyc: str, frames: list[FrameType]) -> str:
+    """The source file a ``.pyc`` main was compiled from, if it is still what was compiled.
+
+    The code's file name says where the source was; the ``.pyc`` header's source mtime and size
+    (or hash) say whether that file still holds what was compiled.
+    """
+    compiled_from = next(
+        (
+            f.f_code.co_filename
+            for f in reversed(frames)
+            if _same_path(f.f_globals.get("__file__") or "", pyc)
+        ),
+        None,
     )
+    if compiled_from is None:
+        raise OSError(f"{pyc} is running no module-level code to find its source from")
+    source = _absolute(compiled_from)
+    with open(pyc, "rb") as f:
+        header = f.read(16)
+    try:
+        with open(source, "rb") as f:
+            data = f.read()
+        stat = os.stat(source)
+    except OSError:
+        raise OSError(
+            f"{os.path.basename(pyc)} is bytecode without its source ({compiled_from} is gone)"
+        ) from None
+    flags = int.from_bytes(header[4:8], "little")
+    if flags & 0b1:
+        same = importlib.util.source_hash(data) == header[8:16]
+    else:
+        mtime, size = (
+            int.from_bytes(header[8:12], "little"),
+            int.from_bytes(header[12:16], "little"),
+        )
+        same = (int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF) == (mtime, size)
+    if not same:
+        raise OSError(f"{compiled_from} changed since {os.path.basename(pyc)} was compiled from it")
+    return compiled_from
 
 
-def _check(filename: str, lineno: int | None, module_globals: dict[str, Any]) -> MainGuard:
+def _check(filename: str, lineno: int | None, source: str | None) -> MainGuard:
     name = os.path.basename(filename)
     if lineno is None:
         return MainGuard("unknown", filename, None, "the running line of __main__ is unknown")
     try:
-        spans, nlines = _analyse_main_file(filename, module_globals)
-    except (OSError, SyntaxError, ValueError) as exc:
+        if source is None:
+            stat = os.stat(filename)
+            spans, nlines = _analyse_file(filename, stat.st_mtime_ns, stat.st_size)
+        else:
+            spans, nlines = _analyse(source)
+    except (OSError, SyntaxError, ValueError, RecursionError) as exc:
         detail = f"cannot read or parse {name}: {type(exc).__name__}: {exc}"
         return MainGuard("unknown", filename, lineno, detail)
     if lineno > nlines:
         return MainGuard("unknown", filename, lineno, f"{name} changed on disk since it started")
     guarded = any(start <= lineno <= end for start, end in spans)
     return MainGuard("guarded" if guarded else "unguarded", filename, lineno)
-
-
-def _analyse_main_file(filename: str, module_globals: dict[str, Any]) -> tuple[_Spans, int]:
-    try:
-        stat = os.stat(filename)
-    except OSError:
-        # Not a plain file (a member of a zip archive) or gone: ask the module's loader, as
-        # tracebacks do. checkcache first so that a deleted file's stale lines are not trusted.
-        linecache.checkcache(filename)
-        source = "".join(linecache.getlines(filename, module_globals))
-        if not source:
-            raise OSError(f"no source available for {filename}") from None
-        return _analyse(source)
-    return _analyse_file(filename, stat.st_mtime_ns, stat.st_size)
 
 
 @functools.lru_cache(maxsize=32)
@@ -287,24 +487,91 @@ def _literal_ends_here(source: str, start: int, text: str) -> bool:
 
 
 def _guard_bodies(nodes: Iterable[ast.AST]) -> Iterator[tuple[int, int]]:
-    """Spans of guard bodies reachable without entering a def or class, i.e. at module level."""
+    """Spans of branches that run only as ``__main__``, reachable without entering a def or
+    class (i.e. at module level)."""
     for node in nodes:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             continue
-        if isinstance(node, ast.If) and _is_main_test(node.test):
-            last = node.body[-1]
-            yield node.body[0].lineno, last.end_lineno or last.lineno
+        if isinstance(node, ast.If):
+            branch = _main_branch(node.test)
+            for field in ("body", "orelse"):
+                body: list[ast.stmt] = getattr(node, field)
+                if body and branch == field:
+                    yield _span(body)
+                else:
+                    yield from _guard_bodies(body)
+            continue
+        if isinstance(node, ast.Match) and _operand(node.subject) == "name":
+            for case in node.cases:
+                if _case_is_main(case.pattern):
+                    yield _span(case.body)
+                else:
+                    yield from _guard_bodies(case.body)
             continue
         for field in ("body", "orelse", "finalbody", "handlers", "cases"):
             yield from _guard_bodies(getattr(node, field, ()))
 
 
-def _is_main_test(test: ast.expr) -> bool:
-    """``__name__ == "__main__"`` in either order; anything fancier is not trusted."""
+def _span(body: list[ast.stmt]) -> tuple[int, int]:
+    return body[0].lineno, body[-1].end_lineno or body[-1].lineno
+
+
+_Branch = Literal["body", "orelse"] | None
+
+
+def _main_branch(test: ast.expr) -> _Branch:
+    """Which branch of ``if test:`` runs only when ``__name__ == "__main__"`` (never in a child,
+    where it is ``"__mp_main__"``).
+
+    ``__name__ == "__main__"`` (either order), ``__name__ in ("__main__",)`` (a tuple, list or
+    set of strings without ``"__mp_main__"``) and their negations (``!=``, ``not in``, ``not``:
+    the ``else`` branch); ``A and B`` is guarded when one side is, ``A or B`` only when both are.
+    """
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _flip(_main_branch(test.operand))
+    if isinstance(test, ast.BoolOp):
+        branches = [_main_branch(value) for value in test.values]
+        is_and = isinstance(test.op, ast.And)
+        # not (A and B) == (not A) or (not B): the else branch follows the dual rule.
+        if (any if is_and else all)(b == "body" for b in branches):
+            return "body"
+        if (all if is_and else any)(b == "orelse" for b in branches):
+            return "orelse"
+        return None
     if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return None
+    op, left, right = test.ops[0], test.left, test.comparators[0]
+    if isinstance(op, (ast.Eq, ast.NotEq)) and {_operand(left), _operand(right)} == {
+        "name",
+        "main",
+    }:
+        return "body" if isinstance(op, ast.Eq) else "orelse"
+    if isinstance(op, (ast.In, ast.NotIn)) and _operand(left) == "name" and _main_set(right):
+        return "body" if isinstance(op, ast.In) else "orelse"
+    return None
+
+
+def _flip(branch: _Branch) -> _Branch:
+    return {"body": "orelse", "orelse": "body", None: None}[branch]
+
+
+def _main_set(node: ast.expr) -> bool:
+    """A literal tuple/list/set of strings holding ``"__main__"`` and not ``"__mp_main__"``."""
+    if not isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return False
-    sides = {_operand(test.left), _operand(test.comparators[0])}
-    return isinstance(test.ops[0], ast.Eq) and sides == {"name", "main"}
+    values = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+    if not all(isinstance(v, str) for v in values):
+        return False
+    return "__main__" in values and "__mp_main__" not in values
+
+
+def _case_is_main(pattern: ast.pattern) -> bool:
+    """``case "__main__":`` (a guard clause after it only narrows it further)."""
+    return (
+        isinstance(pattern, ast.MatchValue)
+        and isinstance(pattern.value, ast.Constant)
+        and pattern.value.value == "__main__"
+    )
 
 
 def _operand(node: ast.expr) -> str | None:

@@ -18,6 +18,7 @@ from hwlaunch.errors import (
     StartMethodError,
 )
 from hwlaunch.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
+from hwlaunch.mainguard import REIMPORT_UNSAFE
 from hwlaunch.plan import Decision, Plan
 from hwlaunch.registry import Registry, default_registry, unknown_name_message
 from hwlaunch.settings import Overrides, Sourced, collect_overrides, did_you_mean
@@ -208,10 +209,10 @@ class _Decider:
 
     def guard_location(self) -> str:
         guard = self.facts.main_guard
-        return f"{guard.file}:{guard.line}" if guard.file else "the main script"
+        return guard.where() or guard.file or "the main script"
 
     def guard_error(self, method: str, source: str, spec: BackendSpec) -> MissingMainGuardError:
-        where = self.guard_location()
+        guard = self.facts.main_guard
         if self.fork_usable(spec):
             alternative = f", or use start method 'fork' (allowed by backend {spec.name})"
         elif "fork" not in spec.start_methods.allowed:
@@ -220,13 +221,34 @@ class _Decider:
             alternative = f" (fork is not an option: this OS does not offer it{self.facts.mark('start_methods')})"
         else:
             alternative = f" (fork is not an option: {self.fork_unsafe(spec)})"
+        if guard.status == "unguarded":
+            fix = 'put the launch in a function and call it under `if __name__ == "__main__":`'
+        else:
+            fix = (
+                'put the launch under `if __name__ == "__main__":` in a source file and run '
+                "that file (python train.py)"
+            )
         return MissingMainGuardError(
-            f"{where} starts workers at module level, outside an "
-            f'`if __name__ == "__main__":` block{self.facts.mark("main_guard")}, with start '
-            f"method {method!r} (from {source}). {method} re-imports __main__ in every worker, "
-            "so each worker would launch again and Python would fail with its 'bootstrapping "
-            "phase' RuntimeError. Fix: put the launch in a function and call it under "
-            f'`if __name__ == "__main__":`{alternative}'
+            f"{guard.problem()}{self.facts.mark('main_guard')}, with start method {method!r} "
+            f"(from {source}): {method} re-imports __main__ in every worker, and Python would "
+            f"fail with its 'bootstrapping phase' RuntimeError or run the job twice. Fix: "
+            f"{fix}{alternative}"
+        )
+
+    def reimport_error(self) -> MissingMainGuardError:
+        """A launch reached while a spawned child re-runs ``__main__``: never a second run."""
+        return MissingMainGuardError(
+            f"{self.facts.main_guard.problem()}{self.facts.mark('main_guard')}: the program is "
+            "being re-imported by a spawned child (a multiprocessing Pool, DataLoader or "
+            "compile worker started with spawn or forkserver), and launching here would start "
+            'the whole job again. Fix: put the launch under `if __name__ == "__main__":`'
+        )
+
+    def not_offered(self, method: str, source: str) -> StartMethodError:
+        offered = self.facts.os_start_methods
+        return StartMethodError(
+            f"start method {method!r} from {source} is not offered by this "
+            f"OS{self.facts.mark('start_methods')} (offered: {', '.join(offered)})"
         )
 
     def disallowed(self, method: str, source: str, spec: BackendSpec) -> StartMethodError:
@@ -271,8 +293,12 @@ class _Decider:
         return method, f"{why}; {how}"
 
     def start_method(self, spec: BackendSpec, executor: str) -> str | None:
+        if self.facts.main_guard.status == "reimporting":
+            raise self.reimport_error()
         if executor != "mp":
             ignored = self.overrides.lookup("start_method", spec.name)
+            if ignored is not None and ignored.value not in self.facts.os_start_methods:
+                raise self.not_offered(ignored.value, ignored.source)
             if ignored is not None and ignored.value not in spec.start_methods.allowed:
                 raise self.disallowed(ignored.value, ignored.source, spec)
             if ignored is not None:
@@ -304,10 +330,7 @@ class _Decider:
         if chosen is not None:
             method = str(chosen.value)
             if method not in offered:
-                raise StartMethodError(
-                    f"start method {method!r} from {chosen.source} is not offered by this "
-                    f"OS{self.facts.mark('start_methods')} (offered: {', '.join(offered)})"
-                )
+                raise self.not_offered(method, chosen.source)
             if method not in rule.allowed:
                 raise self.disallowed(method, chosen.source, spec)
             if method == "fork" and unsafe is not None:
@@ -321,7 +344,7 @@ class _Decider:
                         f"anything initializes {spec.name} in this process"
                     )
                 self.warnings.append(f"fork was requested ({chosen.source}) although {unsafe}")
-            if method != "fork" and guard.status == "unguarded":
+            if method != "fork" and guard.status in REIMPORT_UNSAFE:
                 raise self.guard_error(method, chosen.source, spec)
             if method == "fork" and rule.fork_warning:
                 self.warnings.append(f"backend {spec.name}: {rule.fork_warning}")
@@ -350,17 +373,16 @@ class _Decider:
             )
             reason = f"fork is unsafe: {unsafe}; using {method} instead: {why}"
             self.warnings.append(f"using start method {method!r} instead of fork: {unsafe}")
-        if method != "fork" and guard.status == "unguarded":
+        if method != "fork" and guard.status in REIMPORT_UNSAFE:
             if not self.fork_usable(spec):
                 raise self.guard_error(method, source, spec)
             where = self.guard_location()
             self.warnings.append(
-                f'{where} launches at module level without an `if __name__ == "__main__":` '
-                f"guard, so {method} would re-import it in every worker; using fork instead. "
-                "Add the guard to use " + method
+                f"{guard.problem()} if started with {method}; using fork instead. Add an "
+                f'`if __name__ == "__main__":` guard around the launch to use {method}'
             )
             method, source = "fork", self.fact("main_guard")
-            reason = f"{method} is the only safe method for an unguarded main ({where})"
+            reason = f"fork is the only safe method: main guard {guard.status} ({where})"
         if method == "fork" and rule.fork_warning:
             self.warnings.append(f"backend {spec.name}: {rule.fork_warning}")
         return str(self.note("start_method", method, source, reason))

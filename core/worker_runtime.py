@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import importlib
 import pickle
+import sys
 import traceback
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -110,10 +112,23 @@ def method_label(method: str | Callable[..., Any]) -> str:
     return method if isinstance(method, str) else getattr(method, "__qualname__", repr(method))
 
 
-def call(worker: Worker, method: str | bytes, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run one RPC on the worker: a named method, or ``fn(worker, *args, **kwargs)``."""
+def call(
+    worker: Worker,
+    method: str | bytes,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    own_process: bool = False,
+) -> Any:
+    """Run one RPC on the worker: a named method, or ``fn(worker, *args, **kwargs)``.
+
+    ``own_process``: the worker is a process of its own, whose ``__main__`` may adopt the
+    callable's ``__main__`` functions (see :func:`adopt_main_objects`).
+    """
     if isinstance(method, bytes):
         fn = cloudpickle.loads(method)
+        if own_process:
+            adopt_main_objects(fn)
         return fn(worker, *args, **kwargs)
     target = getattr(worker, method, None)
     if target is None or method.startswith("_") or not callable(target):
@@ -122,6 +137,28 @@ def call(worker: Worker, method: str | bytes, args: tuple[Any, ...], kwargs: dic
             "that defines it, or send a callable fn(worker, ...)"
         )
     return target(*args, **kwargs)
+
+
+def adopt_main_objects(fn: Any) -> None:
+    """Make the ``__main__`` functions and classes that came by value ``__main__``'s own here.
+
+    Why: cloudpickle sends them by value, so they are new objects in the worker; when the call
+    hands one to a ``multiprocessing.Pool``, plain pickle sends it by reference and insists
+    that ``__main__.f`` is that very object ("not the same object as __main__.f"). Never done
+    in the caller's own process (the uni executor), whose ``__main__`` is the user's program.
+    """
+    main = sys.modules.get("__main__")
+    if main is None:
+        return
+    found = [fn, *getattr(fn, "__globals__", {}).values()]
+    for obj in found:
+        name = getattr(obj, "__qualname__", "")
+        if (
+            isinstance(obj, (types.FunctionType, type))
+            and getattr(obj, "__module__", None) == "__main__"
+            and name.isidentifier()
+        ):
+            setattr(main, name, obj)
 
 
 def answer(worker: Worker | None, payload: bytes, *prefix: Any) -> bytes:
@@ -134,7 +171,8 @@ def answer(worker: Worker | None, payload: bytes, *prefix: Any) -> bytes:
         if worker is None:
             raise RuntimeError("the worker did not start")
         method, args, kwargs = loads(payload)
-        reply: tuple[Any, ...] = (*prefix, True, call(worker, method, args, kwargs))
+        result = call(worker, method, args, kwargs, own_process=True)
+        reply: tuple[Any, ...] = (*prefix, True, result)
     except Exception as exc:
         reply = (*prefix, False, Failure.current(exc))
     try:

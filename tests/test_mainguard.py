@@ -190,7 +190,6 @@ def test_thread_outliving_the_main_module(tmp_path: Path) -> None:
     ("args", "stdin", "detail"),
     [
         (["-c", "import probe; probe.detect()"], None, "python -c"),
-        (["-"], "import probe\nprobe.detect()\n", "code read from stdin"),
         (["-i"], "import probe\nprobe.detect()\n", "interactive interpreter"),
     ],
 )
@@ -199,14 +198,22 @@ def test_no_main_file(tmp_path: Path, args: list[str], stdin: str | None, detail
     assert result == {"status": "no-main-file", "file": None, "line": None, "detail": detail}
 
 
+def test_code_from_stdin_cannot_be_reimported(tmp_path: Path) -> None:
+    """``python -`` sets ``__file__`` to ``<stdin>``: a spawned child would run ``<cwd>/<stdin>``."""
+    result = run(tmp_path, ["-"], "import probe\nprobe.detect()\n")
+    assert result["status"] == "not-reimportable"
+    assert result["file"] == os.path.join(str(tmp_path), "<stdin>")
+    assert "code read from stdin" in result["detail"]
+
+
 # -- odd programs: "unknown" is allowed, a crash or a wrong "guarded" is not -----------------------
 
 
 def test_main_file_deleted_before_detection(tmp_path: Path) -> None:
     script(tmp_path, "import os, probe\nos.remove(__file__)\nprobe.detect()\n")
     result = run(tmp_path, ["main.py"])
-    assert result["status"] == "unknown"
-    assert "cannot read" in result["detail"]
+    assert result["status"] == "not-reimportable"  # a spawned child would find no file to run
+    assert "does not exist" in result["detail"]
 
 
 def test_main_file_edited_after_start(tmp_path: Path) -> None:
@@ -275,14 +282,14 @@ def test_runpy_run_path_from_guarded_main(tmp_path: Path, inner: str, status: st
     assert_result(run(tmp_path, ["main.py"]), status, inner_path, inner)
 
 
-@pytest.mark.parametrize(("source", "status"), [(GUARDED, "guarded"), (UNGUARDED, "unguarded")])
-def test_main_in_a_zip_file(tmp_path: Path, source: str, status: str) -> None:
+@pytest.mark.parametrize("source", [GUARDED, UNGUARDED])
+def test_main_in_a_zip_file(tmp_path: Path, source: str) -> None:
+    """A zip application's ``__main__`` is named ``__main__``: multiprocessing never re-runs it."""
     with zipfile.ZipFile(tmp_path / "app.zip", "w") as archive:
         archive.writestr("__main__.py", textwrap.dedent(source))
     result = run(tmp_path, ["app.zip"])
-    assert result["status"] == status
-    assert result["file"].endswith(os.path.join("app.zip", "__main__.py"))
-    assert result["line"] == marked_line(source)
+    assert result["status"] == "no-main-file"
+    assert "__main__ is __main__, which multiprocessing never re-runs" in result["detail"]
 
 
 def test_main_without_source_is_unknown(tmp_path: Path) -> None:
@@ -344,8 +351,27 @@ GUARD = 'if __name__ == "__main__":\n'
         ("if x:\n    pass\nel" + GUARD + "    launch()  # <-\n", True),
         (GUARD + "    def main():\n        launch()  # <-\n", True),
         (GUARD + "    for i in range(2):\n        if i:\n            launch()  # <-\n", True),
-        ("if __name__ == '__main__' and x:\n    launch()  # <-\n", False),
-        ("if __name__ != '__main__':\n    pass\nelse:\n    launch()  # <-\n", False),
+        ("if __name__ == '__main__' and x:\n    launch()  # <-\n", True),
+        ("if x and __name__ == '__main__':\n    launch()  # <-\n", True),
+        ("if __name__ == '__main__' or x:\n    launch()  # <-\n", False),
+        ("if __name__ != '__main__':\n    pass\nelse:\n    launch()  # <-\n", True),
+        ("if __name__ != '__main__':\n    launch()  # <-\nelse:\n    pass\n", False),
+        ("if not __name__ == '__main__':\n    pass\nelse:\n    launch()  # <-\n", True),
+        ("if __name__ != '__main__' or x:\n    pass\nelse:\n    launch()  # <-\n", True),
+        ("if __name__ != '__main__' and x:\n    pass\nelse:\n    launch()  # <-\n", False),
+        ("if __name__ in ('__main__',):\n    launch()  # <-\n", True),
+        ("if __name__ in {'__main__'}:\n    launch()  # <-\n", True),
+        ("if __name__ in ['__main__', 'x']:\n    launch()  # <-\n", True),
+        ("if __name__ in ('__main__', '__mp_main__'):\n    launch()  # <-\n", False),
+        ("if __name__ in ('__main__', y):\n    launch()  # <-\n", False),
+        ("if __name__ in '__main__':\n    launch()  # <-\n", False),
+        ("if __name__ not in ('__main__',):\n    pass\nelse:\n    launch()  # <-\n", True),
+        ("match __name__:\n    case '__main__':\n        launch()  # <-\n", True),
+        ("match __name__:\n    case '__main__' if x:\n        launch()  # <-\n", True),
+        ("match __name__:\n    case '__main__':\n        pass\n    case _:\n        launch()  # <-\n",
+         False),
+        ("match __name__:\n    case '__main__' | '__mp_main__':\n        launch()  # <-\n", False),
+        ("match x:\n    case '__main__':\n        launch()  # <-\n", False),
         ("if __name__ == '__main__' == x:\n    launch()  # <-\n", False),
         ("if __name__ is '__main__':\n    launch()  # <-\n", False),
         ("def f():\n    " + GUARD + "        launch()  # <-\n", False),

@@ -40,7 +40,9 @@ from hwlaunch import (
 )
 from hwlaunch import registry as registry_module
 from hwlaunch.cli import main as cli_main
+from hwlaunch.facts import MAIN_GUARD_VALUES
 from hwlaunch.hookspecs import ENTRY_POINT_GROUP
+from hwlaunch.mainguard import REIMPORT_UNSAFE
 from hwlaunch.registry import load_registry
 from hwlaunch.resolver import resolve_with_sources
 from hwlaunch.settings import BACKEND_TABLE_KEYS, ENV_VARS, TOP_LEVEL_KEYS, load_config_file
@@ -375,7 +377,7 @@ KWARG_VALUES: dict[str, st.SearchStrategy[Any]] = {
     "start_method": st.sampled_from(["fork", "spawn", "forkserver"]) | junk,
     "ray_address": st.sampled_from(["auto", "ray://h:1"]) | junk,
 }
-GUARDS = st.sampled_from(["guarded", "unguarded", "unknown", "no-main-file"])
+GUARDS = st.sampled_from([g for g in MAIN_GUARD_VALUES if g != "reimporting"])
 
 
 @PROPERTY
@@ -404,7 +406,7 @@ def test_environment_and_arguments_give_a_plan_or_name_the_source(
         return
     assert plan.executor in ("uni", "mp", "ray")
     assert plan.world_size >= 1 and 1 <= plan.nnodes <= plan.world_size
-    if plan.executor == "mp" and guard == "unguarded":
+    if plan.executor == "mp" and guard in REIMPORT_UNSAFE:
         assert plan.start_method == "fork"  # never a method that re-imports an unguarded main
 
 

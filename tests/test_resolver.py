@@ -23,8 +23,8 @@ from hwlaunch import (
     Plan,
     StartMethodError,
 )
-from hwlaunch.facts import DeviceFacts, RuntimeFacts
-from hwlaunch.mainguard import MainGuard
+from hwlaunch.facts import MAIN_GUARD_VALUES, DeviceFacts, RuntimeFacts
+from hwlaunch.mainguard import REIMPORT_UNSAFE, MainGuard
 from hwlaunch.plugins import cpu, cuda, hpu, xpu
 from hwlaunch.resolver import decide
 from hwlaunch.settings import Overrides, Sourced
@@ -232,7 +232,7 @@ ROWS = [
         flags(world_size=2),
         {"start_method": "fork"},
         {"start_method": "fact: main_guard"},
-        ("/work/train.py:7 launches at module level", "hang at"),
+        ("/work/train.py:7 starts workers at module level", "using fork instead", "hang at"),
     ),
     # -- xpu ---------------------------------------------------------------------------------
     Row(
@@ -257,10 +257,18 @@ ROWS = [
         {"start_method": "spawn"},
     ),
     Row(
-        "xpu when the main guard cannot be told: spawn, not an error",
-        make_facts({"xpu": (2, False)}, main_guard="unknown"),
+        "hpu when the main cannot be analysed: fork, which re-imports nothing",
+        make_facts({"hpu": (2, False)}, main_guard="unknown"),
         flags(world_size=2),
-        {"start_method": "spawn"},
+        {"start_method": "fork"},
+        {"start_method": "fact: main_guard"},
+        ("cannot read what that re-run does", "using fork instead"),
+    ),
+    Row(
+        "cpu with code read from stdin: the default fork, nothing to refuse",
+        make_facts(main_guard="not-reimportable"),
+        flags(world_size=2),
+        {"start_method": "fork"},
     ),
     # -- backend choice ----------------------------------------------------------------------
     Row(
@@ -468,6 +476,41 @@ BAD = [
         ("this OS does not offer it",),
     ),
     Bad(
+        "xpu when the main cannot be analysed: no fork to fall back to",
+        make_facts({"xpu": (2, False)}, main_guard="unknown"),
+        flags(world_size=2),
+        MissingMainGuardError,
+        ("cannot read what that re-run does", "backend xpu does not allow it", "run that file"),
+    ),
+    Bad(
+        "explicit spawn with code read from stdin",
+        make_facts(main_guard="not-reimportable"),
+        flags(world_size=2, start_method="spawn"),
+        MissingMainGuardError,
+        ("which it cannot read", "(from --start-method)", "or use start method 'fork'"),
+    ),
+    Bad(
+        "a launch while a spawned child re-imports __main__, even with fork",
+        make_facts(main_guard="reimporting"),
+        flags(world_size=2, start_method="fork"),
+        MissingMainGuardError,
+        ("being re-imported by a spawned child",),
+    ),
+    Bad(
+        "a launch while a spawned child re-imports __main__, even in-process",
+        make_facts(main_guard="reimporting"),
+        flags(world_size=1),
+        MissingMainGuardError,
+        ("being re-imported by a spawned child",),
+    ),
+    Bad(
+        "world size 1 with a start method this OS does not offer",
+        make_facts(start_methods=("spawn",)),
+        flags(world_size=1, start_method="fork"),
+        StartMethodError,
+        ("'fork' from --start-method is not offered by this OS", "offered: spawn"),
+    ),
+    Bad(
         "a daemonic process cannot start mp workers",
         make_facts(daemonic=True),
         flags(world_size=2),
@@ -662,7 +705,7 @@ def test_resolve_unguarded_hpu_rule_chooses_fork() -> None:
     )
     assert plan.start_method == "fork"
     assert plan.decision("start_method").source == "fact: main_guard (assumed)"
-    assert any("without an `if __name__" in w for w in plan.warnings)
+    assert any("outside an `if __name__" in w for w in plan.warnings)
 
 
 def test_resolve_in_ray_actor_falls_back() -> None:
@@ -761,7 +804,7 @@ _device = st.tuples(st.integers(0, 4), st.booleans())
 _facts = st.builds(
     make_facts,
     st.fixed_dictionaries({"cuda": _device, "hpu": _device, "xpu": _device}),
-    main_guard=st.sampled_from(["guarded", "unguarded", "no-main-file", "unknown"]),
+    main_guard=st.sampled_from(MAIN_GUARD_VALUES),
     start_methods=st.sampled_from([ALL_METHODS, ("spawn",), ("fork", "spawn"), ("spawn", "fork")]),
     daemonic=st.booleans(),
     in_ray_actor=st.booleans(),
@@ -795,6 +838,7 @@ def check_invariants(plan: Plan, facts: RuntimeFacts, values: dict[str, Any]) ->
     spec = SPECS[plan.backend]
     device = facts.devices[plan.backend]
     assert device.available
+    assert facts.main_guard.status != "reimporting"
     assert plan.nnodes <= plan.world_size
     assert (plan.executor == "mp") == (plan.start_method is not None)
     if plan.nnodes > 1:
@@ -805,7 +849,7 @@ def check_invariants(plan: Plan, facts: RuntimeFacts, values: dict[str, Any]) ->
         assert not facts.daemonic
         assert plan.start_method in spec.start_methods.allowed
         assert plan.start_method in facts.os_start_methods
-        if facts.main_guard.status == "unguarded":
+        if facts.main_guard.status in REIMPORT_UNSAFE:
             assert plan.start_method == "fork"
         if spec.start_methods.fork_unsafe_after_init and device.initialized:
             assert plan.start_method != "fork"

@@ -25,6 +25,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from hwlaunch.executor import process_tree
+from hwlaunch.mainprep import refuse_reimport
 from hwlaunch.plan import Plan
 from hwlaunch.worker_runtime import Failure, answer, start_worker
 
@@ -131,6 +132,16 @@ def worker_main(
         with contextlib.suppress(OSError):
             os.close(fd)
     _install_liveness(death_r, pdeathsig, parent_pid)
+    guard = plan.facts.main_guard if plan.facts is not None else None
+    if (
+        guard is not None
+        and guard.file
+        and guard.status == "unguarded"
+        and plan.start_method == "fork"
+    ):
+        # This worker's __main__ is the parent's: its own spawned children would re-run the
+        # launch. (Under spawn/forkserver the resolver made sure the main is safe.)
+        refuse_reimport(guard.where() or guard.file)
     if replace_environ:  # the parent's whole environment, as it was at launch
         os.environ.clear()
     os.environ.update(env)
