@@ -12,7 +12,7 @@ from __future__ import annotations
 GUARD = """
 if __name__ == "__main__":
     import ast, json, statistics, sys, time
-    from hwlaunch import mainguard
+    from hwlaunch.planning import mainguard
 
     start = time.perf_counter()
     found = mainguard.detect_main_guard()

@@ -10,6 +10,7 @@ from __future__ import annotations
 from hwlaunch.errors import (
     BackendUnavailableError,
     ConfigError,
+    ExecutorClosedError,
     HwlaunchError,
     MissingMainGuardError,
     PluginError,
@@ -27,10 +28,10 @@ if TYPE_CHECKING:
     from typing import Any
 
     from hwlaunch.executor import Executor
+    from hwlaunch.executor.launcher import launch
     from hwlaunch.hookspecs import Register, hookimpl
-    from hwlaunch.launcher import launch
     from hwlaunch.plan import Decision, Plan
-    from hwlaunch.resolver import resolve
+    from hwlaunch.planning.resolver import resolve
     from hwlaunch.spec import START_METHODS, BackendSpec, StartMethodRule
     from hwlaunch.worker import Worker
 
@@ -44,8 +45,8 @@ _LAZY = {
     "hookimpl": "hwlaunch.hookspecs",
     "Decision": "hwlaunch.plan",
     "Plan": "hwlaunch.plan",
-    "resolve": "hwlaunch.resolver",
-    "launch": "hwlaunch.launcher",
+    "resolve": "hwlaunch.planning.resolver",
+    "launch": "hwlaunch.executor.launcher",
     "Executor": "hwlaunch.executor",
     "Worker": "hwlaunch.worker",
 }
@@ -57,6 +58,7 @@ __all__ = [
     "ConfigError",
     "Decision",
     "Executor",
+    "ExecutorClosedError",
     "HwlaunchError",
     "MissingMainGuardError",
     "Plan",

@@ -124,6 +124,11 @@ def _rebuild_died(
     )
 
 
+class ExecutorClosedError(HwlaunchError):
+    """The executor was shut down (by ``shutdown()``, a timeout or an interrupt); launch a new
+    one. A worker's death closes it too, and then raises that WorkerDiedError instead."""
+
+
 class RpcTimeoutError(HwlaunchError):
     """Some ranks did not answer a collective RPC within its timeout.
 

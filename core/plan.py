@@ -1,16 +1,141 @@
-"""Plan: the resolver's decision, with a source and a reason for every setting."""
+"""Plan: the resolver's decision, with a source and a reason for every setting.
+
+This module is the data a resolution produces and a worker receives: plain frozen dataclasses
+(the plan, its decisions, and the runtime facts it was made from) that import nothing of the
+planning layer, so a worker that unpickles a Plan loads only this module.
+"""
 
 from __future__ import annotations
 
 import io
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from hwlaunch.facts import RuntimeFacts
+from hwlaunch.spec import StartMethod
+
+ExecutorName = Literal["uni", "mp", "ray"]
+EXECUTORS: tuple[ExecutorName, ...] = ("uni", "mp", "ray")
+MainGuardStatus = Literal[
+    "guarded", "unguarded", "no-main-file", "not-reimportable", "reimporting", "unknown"
+]
+# What spawn/forkserver must not be used with: the child would launch again, could not start
+# at all, or nobody can tell.
+REIMPORT_UNSAFE: tuple[MainGuardStatus, ...] = ("unguarded", "not-reimportable", "unknown")
+
+
+@dataclass(frozen=True)
+class MainGuard:
+    """What a spawned child does with ``__main__``, and where this process is in it.
+
+    ``guarded``: the child re-runs the main module, and the running line (and every earlier
+    launch of this process) is inside a main guard. ``unguarded``: the re-run reaches a launch
+    (``file:line``). ``no-main-file``: the child re-runs nothing. ``not-reimportable``: the
+    child would try to re-run a main it cannot read (code from stdin). ``reimporting``: this
+    process *is* such a child, re-running ``__main__``. ``unknown``: the re-run cannot be
+    analysed (a ``.pyc`` without source, a loader without source).
+    """
+
+    status: MainGuardStatus
+    file: str | None = None
+    line: int | None = None
+    detail: str | None = None
+
+    def describe(self) -> str:
+        """One line for people, e.g. ``unguarded (train.py:12)``."""
+        reason = ": ".join(part for part in (self.where(short=True), self.detail) if part)
+        return f"{self.status} ({reason})" if reason else self.status
+
+    def where(self, *, short: bool = False) -> str | None:
+        if not (self.file and self.line):
+            return None
+        return f"{os.path.basename(self.file) if short else self.file}:{self.line}"
+
+    def problem(self) -> str:
+        """Why spawn/forkserver cannot be used with this main, for error messages."""
+        where = self.where() or self.file or "the main script"
+        if self.status == "unguarded":
+            why = f" ({self.detail})" if self.detail and self.detail != "assumed" else ""
+            return (
+                f"{where} starts workers at module level, outside an "
+                f'`if __name__ == "__main__":` block{why}, so each spawned worker would re-run '
+                "it and launch again"
+            )
+        if self.status == "not-reimportable":
+            return (
+                f"each spawned worker would have to re-run __main__, which it cannot read "
+                f"({self.detail or where})"
+            )
+        if self.status == "reimporting":
+            return (
+                f"this process is a spawned child re-importing the program's __main__, and the "
+                f"re-import reached a launch at {where}"
+            )
+        return (
+            "each spawned worker would re-run __main__, and hwlaunch cannot read what that "
+            f"re-run does ({self.detail or where})"
+        )
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    """What one backend's probes said: present, how many devices, runtime initialized here."""
+
+    available: bool
+    device_count: int
+    initialized: bool
+    probe_error: str | None = None
+
+
+@dataclass(frozen=True)
+class RuntimeFacts:
+    """What is true in this process when it resolves: the inputs the rules read besides specs
+    and settings. ``assumed`` names the facts that were assumed (what-if) rather than probed."""
+
+    os_start_methods: tuple[str, ...]
+    devices: Mapping[str, DeviceFacts]
+    main_guard: MainGuard
+    daemonic: bool
+    in_ray_actor: bool
+    assumed: frozenset[str] = field(default_factory=frozenset)
+
+    def mark(self, key: str) -> str:
+        """`` (assumed)`` after a fact that was assumed, for reasons and tables."""
+        return " (assumed)" if key in self.assumed else ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "os_start_methods": list(self.os_start_methods),
+            "devices": {
+                name: {
+                    "available": d.available,
+                    "device_count": d.device_count,
+                    "initialized": d.initialized,
+                    "probe_error": d.probe_error,
+                }
+                for name, d in self.devices.items()
+            },
+            "main_guard": {
+                "status": self.main_guard.status,
+                "file": self.main_guard.file,
+                "line": self.main_guard.line,
+            },
+            "daemonic": self.daemonic,
+            "in_ray_actor": self.in_ray_actor,
+            "assumed": sorted(self.assumed),
+        }
 
 
 @dataclass(frozen=True)
 class Decision:
+    """One setting of a plan: its value, where the value came from, and why.
+
+    ``source`` names the winning layer (``--start-method``, ``env HWLAUNCH_START_METHOD``,
+    ``hwlaunch.toml:3``, ``rule of backend cuda``, ``fact: cuda.initialized``); ``reason`` says
+    why the rules kept or changed it. ``explain()`` and ``--json`` show one row per Decision.
+    """
+
     setting: str
     value: Any
     source: str
@@ -32,8 +157,8 @@ class Plan:
     backend: str
     world_size: int
     nnodes: int
-    executor: str
-    start_method: str | None
+    executor: ExecutorName
+    start_method: StartMethod | None
     dist_backend: str
     worker: str
     device_control_env_var: str | None
@@ -42,6 +167,7 @@ class Plan:
     preload: tuple[str, ...] = ()
     ray_address: str | None = None
     ray_pg_timeout: float = 60.0
+    startup_timeout: float = 600.0
     max_restarts: int = 0
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
@@ -70,6 +196,7 @@ class Plan:
             "preload": list(self.preload),
             "ray_address": self.ray_address,
             "ray_pg_timeout": self.ray_pg_timeout,
+            "startup_timeout": self.startup_timeout,
             "max_restarts": self.max_restarts,
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from hwlaunch._checks import is_env_name
 from hwlaunch.errors import PluginError
 
 StartMethod = Literal["fork", "spawn", "forkserver"]
@@ -20,7 +21,6 @@ START_METHODS: tuple[StartMethod, ...] = ("fork", "spawn", "forkserver")
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _fail(field_name: str, problem: str) -> PluginError:
@@ -128,13 +128,13 @@ class BackendSpec:
         if not isinstance(self.worker, str) or not _IMPORT_PATH.match(self.worker):
             raise _fail("worker", f"{self.worker!r} must be an import path 'package.module:Class'")
         var = self.device_control_env_var
-        if var is not None and (not isinstance(var, str) or not _ENV_NAME.match(var)):
+        if var is not None and not is_env_name(var):
             raise _fail("device_control_env_var", f"{var!r} must be an environment variable name")
         if not isinstance(self.ray_resource, str) or not self.ray_resource:
             raise _fail("ray_resource", f"{self.ray_resource!r} must be a non-empty string")
         env: Any = self.worker_env
         if not isinstance(env, Mapping) or not all(
-            isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str) for k, v in env.items()
+            is_env_name(k) and isinstance(v, str) for k, v in env.items()
         ):
             raise _fail("worker_env", "must map environment variable names to strings")
         object.__setattr__(self, "worker_env", MappingProxyType(dict(env)))

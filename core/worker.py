@@ -13,6 +13,8 @@ from typing import Any
 
 from hwlaunch.plan import Plan
 
+__all__ = ["Worker"]
+
 
 class Worker:
     """A rank of the job: owns its device and its place in the ``torch.distributed`` group."""
@@ -48,12 +50,17 @@ class Worker:
         if dist.is_initialized():
             return
         dist.init_process_group(
-            backend=self.plan.dist_backend,
+            backend=self.process_group_backend(),
             store=self.rendezvous_store(),
             rank=self.rank,
             world_size=self.world_size,
             **self.process_group_options(),
         )
+
+    def process_group_backend(self) -> str:
+        """The ``torch.distributed`` backend to join with: the plan's, unless the worker knows
+        better from inside its process (XPU: oneCCL's ``ccl`` when it is installed)."""
+        return self.plan.dist_backend
 
     def process_group_options(self) -> dict[str, Any]:
         """Extra keywords for ``init_process_group`` (CUDA binds the group to its device)."""

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from hwlaunch import registry as registry_module
 from hwlaunch.errors import BackendUnavailableError, PluginError
-from hwlaunch.registry import PluginRecord, default_registry, load_registry
+from hwlaunch.planning import registry as registry_module
+from hwlaunch.planning.registry import PluginRecord, default_registry, load_registry
 
 DISTS = Path(__file__).parent / "plugin_dists"
 BUILTINS = ("cpu", "cuda", "hpu", "xpu")

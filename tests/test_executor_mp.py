@@ -385,7 +385,7 @@ def test_rpc_timeout_names_method_and_silent_ranks(method: str, launch: Launcher
     assert "'nap'" in str(err) and "[1]" in str(err)
     assert took < 5.0
     assert alive(procs) == []
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(hwlaunch.ExecutorClosedError, match="shut down"):
         executor.collective_rpc("ping")
 
 
@@ -661,7 +661,7 @@ def test_shutdown_is_idempotent_and_runs_on_context_exit(method: str, launch: La
     assert alive(procs) == []
     executor.shutdown()
     executor.shutdown()
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(hwlaunch.ExecutorClosedError, match="shut down"):
         executor.collective_rpc("ping")
 
 
@@ -688,7 +688,7 @@ def test_shutdown_never_hangs_on_a_stuck_rpc(method: str, launch: Launcher, mark
     assert alive(procs) == []
     thread.join(10)
     assert not thread.is_alive()
-    assert isinstance(outcome[0], RuntimeError) and "shut down" in str(outcome[0])
+    assert isinstance(outcome[0], hwlaunch.ExecutorClosedError) and "shut down" in str(outcome[0])
 
 
 # -- 10. concurrent callers ----------------------------------------------------------------

@@ -28,6 +28,7 @@ import cloudpickle
 import psutil
 import pytest
 
+import hwlaunch
 from hwlaunch import resolve
 from hwlaunch.errors import (
     BackendUnavailableError,
@@ -41,9 +42,12 @@ from hwlaunch.plan import Plan
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
-from hwlaunch.executor import ray as ray_executor  # noqa: E402
 from hwlaunch.executor.base import free_port  # noqa: E402
-from hwlaunch.executor.ray import RayExecutor  # noqa: E402
+from hwlaunch.executor.ray import (  # noqa: E402
+    RayExecutor,
+    _cluster,
+    _placement,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -249,14 +253,14 @@ def test_the_connection_hwlaunch_made_ends_with_its_last_executor(clean_env: Pat
     fake = FakeRay()
     warnings: list[str] = []
     plan = resolve(backend="cpu", world_size=2, executor="ray")
-    assert ray_executor.connect(fake, plan, warnings) is True
+    assert _cluster.connect(fake, plan, warnings) is True
     assert fake.inits == [
         {"address": "local", "include_dashboard": False, "_node_ip_address": "127.0.0.1"}
     ]
-    assert ray_executor.connect(fake, plan, warnings) is True  # a second executor shares it
-    ray_executor.release(fake)
+    assert _cluster.connect(fake, plan, warnings) is True  # a second executor shares it
+    _cluster.release(fake)
     assert fake.up and fake.shutdowns == 0
-    ray_executor.release(fake)
+    _cluster.release(fake)
     assert not fake.up and fake.shutdowns == 1
     assert warnings == []
 
@@ -266,7 +270,7 @@ def test_a_connection_the_caller_made_is_left_alone(clean_env: Path) -> None:
     warnings: list[str] = []
     fake.up = True  # the caller ran ray.init()
     plan = resolve(backend="cpu", world_size=2, executor="ray", ray_address="10.0.0.2:6379")
-    assert ray_executor.connect(fake, plan, warnings) is False
+    assert _cluster.connect(fake, plan, warnings) is False
     assert fake.inits == [] and fake.up
     assert warnings == [
         "ray_address '10.0.0.2:6379' is not used: this process is already connected to the "
@@ -283,17 +287,17 @@ def test_placement_helpers() -> None:
     base = resolve(backend="cpu", world_size=2, executor="ray")
     for (world, nodes), strategy in plans.items():
         plan = dataclasses.replace(base, world_size=world, nnodes=nodes)
-        assert ray_executor.placement_strategy(plan) == strategy
-    assert ray_executor.rank_order({0: "a", 1: "b", 2: "a", 3: "b"}) == [0, 2, 1, 3]
-    assert ray_executor.local_ranks(["a", "a", "b"]) == [(0, 2), (1, 2), (0, 1)]
-    assert ray_executor.actor_resources("CPU") == {"num_cpus": 1}
-    assert ray_executor.actor_resources("GPU") == {"num_cpus": 0, "num_gpus": 1}
-    assert ray_executor.actor_resources("HPU") == {"num_cpus": 0, "resources": {"HPU": 1}}
+        assert _placement.placement_strategy(plan) == strategy
+    assert _placement.rank_order({0: "a", 1: "b", 2: "a", 3: "b"}) == [0, 2, 1, 3]
+    assert _placement.local_ranks(["a", "a", "b"]) == [(0, 2), (1, 2), (0, 1)]
+    assert _placement.actor_resources("CPU") == {"num_cpus": 1}
+    assert _placement.actor_resources("GPU") == {"num_cpus": 0, "num_gpus": 1}
+    assert _placement.actor_resources("HPU") == {"num_cpus": 0, "resources": {"HPU": 1}}
 
 
 def test_each_rank_sees_its_nodes_devices_with_its_own_at_local_rank() -> None:
     # Ray gives each GPU actor one device; workers bind to device `local_rank`.
-    visible = ray_executor.node_visibility(["a", "a", "b", "c"], [["3"], ["1"], ["0"], []])
+    visible = _placement.node_visibility(["a", "a", "b", "c"], [["3"], ["1"], ["0"], []])
     assert visible == {"a": "3,1", "b": "0", "c": None}
 
 
@@ -346,7 +350,7 @@ def test_pack_fills_nodes_with_contiguous_ranks_and_timeout_shuts_down(connected
             ex.collective_rpc(lambda worker: time.sleep(60), timeout=1.0)
         assert time.monotonic() - started < 10
         assert info.value.ranks == [0, 1, 2, 3]
-        with pytest.raises(RuntimeError, match="shut down"):
+        with pytest.raises(hwlaunch.ExecutorClosedError, match="shut down"):
             ex.collective_rpc("ping")
         assert_released(ex)
         assert ray.is_initialized(), "the caller's connection must stay open"

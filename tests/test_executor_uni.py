@@ -101,7 +101,7 @@ def test_rpc_timeout_closes_the_executor(started: list[Executor]) -> None:
     with pytest.raises(RpcTimeoutError) as info:
         executor.collective_rpc("nap", args=(1.0,), timeout=0.1)
     assert (info.value.method, info.value.ranks) == ("nap", [0])
-    with pytest.raises(RuntimeError, match="'nap' timed out"):
+    with pytest.raises(hwlaunch.ExecutorClosedError, match="'nap' timed out"):
         executor.collective_rpc("ping")
     # the worker's own shutdown still runs once the nap is over: the process group is left
     import torch.distributed as dist
@@ -137,7 +137,7 @@ def test_shutdown_idempotent_and_context_manager(started: list[Executor]) -> Non
     assert not dist.is_initialized()
     executor.shutdown()
     executor.shutdown()
-    with pytest.raises(RuntimeError, match="shut down"):
+    with pytest.raises(hwlaunch.ExecutorClosedError, match="shut down"):
         executor.collective_rpc("ping")
     assert dict(os.environ) == before
 

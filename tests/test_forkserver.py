@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 import hwlaunch
-from hwlaunch.executor import forkserver as hw_forkserver
+from hwlaunch.executor.mp import _forkserver as hw_forkserver
 
 CPU_PRELOAD = ["torch", "hwlaunch.plugins.cpu.worker"]
 GUARDED = {"main_guard": "guarded"}
@@ -81,7 +81,7 @@ def test_server_starts_once_with_the_preload_and_workers_fork_from_it(tmp_path: 
     assert seen["parents"] == [seen["pids"][0]]  # the workers are its children
     assert seen["warned"] == []
     assert seen["preload"][:2] == CPU_PRELOAD
-    assert "hwlaunch.executor.mp_child" in seen["preload"]
+    assert "hwlaunch.executor.mp._child" in seen["preload"]
     assert seen["server_has_torch"]  # imported by the server, once...
     assert not seen["parent_has_torch"]  # ...and not inherited from this parent
 

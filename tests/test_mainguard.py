@@ -18,12 +18,13 @@ from typing import Any
 
 import pytest
 
-from hwlaunch import mainguard
-from hwlaunch.mainguard import MainGuard, detect_main_guard, line_is_guarded
+from hwlaunch.plan import MainGuard
+from hwlaunch.planning import mainguard
+from hwlaunch.planning.mainguard import detect_main_guard, line_is_guarded
 
 PROBE = """\
 import dataclasses, json
-from hwlaunch.mainguard import detect_main_guard
+from hwlaunch.planning.mainguard import detect_main_guard
 
 def detect():
     print("MAINGUARD " + json.dumps(dataclasses.asdict(detect_main_guard())), flush=True)

@@ -28,11 +28,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hwlaunch import mainguard
+from hwlaunch.planning import mainguard
 
 PROBE = """\
 import dataclasses, json
-from hwlaunch.mainguard import detect_main_guard
+from hwlaunch.planning.mainguard import detect_main_guard
 
 def detect():
     print("MAINGUARD " + json.dumps(dataclasses.asdict(detect_main_guard())), flush=True)

@@ -68,8 +68,8 @@ def test_installed_wheel_finds_its_plugins(wheel: Path, tmp_path: Path) -> None:
         timeout=300,
     )  # fmt: skip
     code = (
-        "import json, hwlaunch, sys; from hwlaunch.cli import backend_rows; "
-        "from hwlaunch.registry import load_registry; "
+        "import json, hwlaunch, sys; from hwlaunch.cli._inspect import backend_rows; "
+        "from hwlaunch.planning.registry import load_registry; "
         "rows = backend_rows(load_registry()); "
         "files = [hwlaunch.__file__] + [sys.modules['hwlaunch.plugins.' + n].__file__ "
         "for n in ('cpu', 'cuda', 'hpu', 'xpu')]; "

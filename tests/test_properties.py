@@ -38,14 +38,19 @@ from hwlaunch import (
     StartMethodRule,
     hookimpl,
 )
-from hwlaunch import registry as registry_module
 from hwlaunch.cli import main as cli_main
-from hwlaunch.facts import MAIN_GUARD_VALUES
 from hwlaunch.hookspecs import ENTRY_POINT_GROUP
-from hwlaunch.mainguard import REIMPORT_UNSAFE
-from hwlaunch.registry import load_registry
-from hwlaunch.resolver import resolve_with_sources
-from hwlaunch.settings import BACKEND_TABLE_KEYS, ENV_VARS, TOP_LEVEL_KEYS, load_config_file
+from hwlaunch.plan import REIMPORT_UNSAFE
+from hwlaunch.planning import registry as registry_module
+from hwlaunch.planning._config import load_config_file
+from hwlaunch.planning.facts import MAIN_GUARD_VALUES
+from hwlaunch.planning.registry import load_registry
+from hwlaunch.planning.resolver import resolve_with_sources
+from hwlaunch.planning.settings import (
+    BACKEND_TABLE_KEYS,
+    ENV_VARS,
+    TOP_LEVEL_KEYS,
+)
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -64,8 +69,6 @@ CPU_ONLY: dict[str, object] = {
     "main_guard": "guarded",
     "daemonic": False,
     "in_ray_actor": False,
-    "interactive": False,
-    "ray_initialized": False,
     "start_methods": "fork,spawn,forkserver",
 }
 BACKEND_NAMES = ("cpu", "cuda", "hpu", "xpu", "cdua", "npu", "os:system", "")
@@ -615,9 +618,7 @@ def test_random_plugins_never_break_the_registry(
 # -- (d) --assume KEY=VALUE ---------------------------------------------------------------------
 FACT_KEYS = (
     "main_guard",
-    "interactive",
     "daemonic",
-    "ray_initialized",
     "in_ray_actor",
     "start_methods",
     *(

@@ -23,11 +23,11 @@ from hwlaunch import (
     Plan,
     StartMethodError,
 )
-from hwlaunch.facts import MAIN_GUARD_VALUES, DeviceFacts, RuntimeFacts
-from hwlaunch.mainguard import REIMPORT_UNSAFE, MainGuard
+from hwlaunch.plan import REIMPORT_UNSAFE, DeviceFacts, MainGuard, RuntimeFacts
+from hwlaunch.planning.facts import MAIN_GUARD_VALUES
+from hwlaunch.planning.rules import decide
+from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.plugins import cpu, cuda, hpu, xpu
-from hwlaunch.resolver import decide
-from hwlaunch.settings import Overrides, Sourced
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -76,9 +76,7 @@ def make_facts(
         os_start_methods=start_methods,
         devices=table,
         main_guard=guard,
-        interactive=False,
         daemonic=daemonic,
-        ray_initialized=in_ray_actor,
         in_ray_actor=in_ray_actor,
     )
 
@@ -709,9 +707,7 @@ def test_resolve_unguarded_hpu_rule_chooses_fork() -> None:
 
 
 def test_resolve_in_ray_actor_falls_back() -> None:
-    plan = hwlaunch.resolve(
-        world_size=2, assume={**NOTHING, **GUARDED, "ray_initialized": 1, "in_ray_actor": 1}
-    )
+    plan = hwlaunch.resolve(world_size=2, assume={**NOTHING, **GUARDED, "in_ray_actor": 1})
     assert (plan.backend, plan.start_method) == ("cpu", "forkserver")
     assert plan.decision("start_method").source == "fact: in_ray_actor (assumed)"
 

@@ -429,7 +429,7 @@ def test_pyproject_unknown_key_names_its_table(clean_env: Path) -> None:
         ({"cuda.device_count": "two"}, "expected an integer >= 0"),
         ({"main_guard": "guardd"}, "did you mean 'guarded'?"),
         ({"start_methods": "fork,vfork"}, "invalid value 'fork,vfork' for start_methods"),
-        ({"interactive": "sometimes"}, "expected true or false"),
+        ({"daemonic": "sometimes"}, "expected true or false"),
         ({"cuda.available": False, "cuda.device_count": 2}, "contradictory assumptions"),
         ({"cuda.device_count": 0, "cuda.initialized": True}, "contradictory assumptions"),
         (["cuda.available"], "invalid resolve(assume=) 'cuda.available': expected KEY=VALUE"),

@@ -1,36 +1,121 @@
-"""The interface every executor shares (uni, mp, ray), and what they compute alike."""
+"""The executor skeleton every executor shares (uni, mp, ray), and what they compute alike.
+
+The base class owns the constructor, the plan, the declared warnings and nodes, the closed and
+died state, the RPC entry point, ``check_health`` and the error vocabulary: a failure becomes
+WorkerStartupError, WorkerDiedError, RpcTimeoutError or ExecutorClosedError here, the same way
+for every executor. A concrete executor implements three things: start the ranks, exchange one
+message with every rank, stop.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
-from hwlaunch.errors import WorkerDiedError, WorkerError
+from hwlaunch.errors import (
+    ExecutorClosedError,
+    RpcTimeoutError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerStartupError,
+)
+from hwlaunch.executor._runtime import (
+    Failure,
+    Request,
+    encode_extension,
+    encode_method,
+    method_label,
+)
 from hwlaunch.plan import Plan
-from hwlaunch.worker_runtime import Failure
+
+__all__ = [
+    "Executor",
+    "StatusCallback",
+    "free_port",
+    "gather",
+    "raise_first_failure",
+    "startup_failure",
+    "worker_environment",
+]
 
 StatusCallback = Callable[[int, str], None]
+K = TypeVar("K", bound=Hashable)
+HEALTH_TIMEOUT = 30.0  # seconds check_health() waits for every worker's ping
 
 
 class Executor(ABC):
     """Starts ``plan.world_size`` workers and runs collective RPCs on them.
 
     Every executor is a context manager; ``shutdown()`` is idempotent and also runs at
-    interpreter exit, so no worker outlives the program.
+    interpreter exit, so no worker outlives the program. After shutdown (or after a timeout or a
+    worker's death closed it) every call raises ExecutorClosedError, or the WorkerDiedError that
+    closed it. ``startup_timeout`` (seconds) overrides the plan's.
     """
 
-    plan: Plan
     restarts: int = 0  # groups replaced after a failure (max_restarts); 0 when fail-stop
 
+    def __init__(
+        self,
+        plan: Plan,
+        worker_extension: type | str | None = None,
+        *,
+        init_distributed: bool = True,
+        startup_timeout: float | None = None,
+        on_status: StatusCallback | None = None,
+    ) -> None:
+        self.plan = plan
+        self.warnings: list[str] = []
+        self.startup_timeout = float(
+            plan.startup_timeout if startup_timeout is None else startup_timeout
+        )
+        self._on_status = on_status
+        self._rpc_lock = threading.Lock()  # one call at a time, as on a worker process
+        self._closed_because: str | None = None
+        self._died: WorkerDiedError | None = None
+        extension = encode_extension(worker_extension)
+        try:
+            self._start_ranks(extension, init_distributed)
+        except BaseException:
+            self._close("the workers failed to start")
+            self._stop(polite=False)
+            raise
+
+    # -- what a concrete executor implements ---------------------------------------------
+    @abstractmethod
+    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+        """Start every rank and return once all are ready; raise WorkerStartupError otherwise.
+        ``self.startup_timeout`` bounds the wait; ``self._status(rank, text)`` reports progress."""
+
+    @abstractmethod
+    def _exchange(
+        self, request: Request, label: str, timeout: float | None
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        """Run one call ``(method, args, kwargs)`` on every rank; return (results, failures by
+        rank). A process-based executor sends ``dumps(request)``.
+
+        Raise ``self._timed_out(label, ranks, timeout)`` when ranks do not answer in time and
+        ``self._worker_died(...)`` when one ends."""
+
+    @abstractmethod
+    def _stop(self, polite: bool = True) -> None:
+        """Stop every worker; never hangs; safe to call more than once and from any thread."""
+
+    # -- the shared interface ------------------------------------------------------------
     @property
     def world_size(self) -> int:
         return self.plan.world_size
 
-    @abstractmethod
+    @property
+    def nodes(self) -> list[Any]:
+        """Where each rank runs, in rank order (the ray executor's RankNode); empty on one node."""
+        return []
+
     def collective_rpc(
         self,
         method: str | Callable[..., Any],
@@ -52,26 +137,43 @@ class Executor(ABC):
         ``max_restarts``, a restarted group replays every such call, in order, before it takes
         other calls. Without restarts it changes nothing.
         """
+        del setup  # recorded by the restart controller (executor.restart), which wraps this one
+        request: Request = (encode_method(method), tuple(args), dict(kwargs or {}))
+        label = method_label(method)
+        with self._rpc_lock:
+            self._raise_if_closed()
+            try:
+                results, failures = self._exchange(request, label, timeout)
+            except BaseException as exc:
+                if not isinstance(exc, Exception):
+                    # KeyboardInterrupt (or SystemExit) mid-exchange: replies are half read, so
+                    # the channels are out of step; the workers cannot be reused.
+                    self._close(f"collective_rpc {label!r} was interrupted by {type(exc).__name__}")
+                    self._stop(polite=False)
+                raise
+        raise_first_failure(failures)
+        return results
 
-    @abstractmethod
     def check_health(self) -> None:
         """Raise WorkerDiedError (or RpcTimeoutError) unless every worker answers."""
+        self._raise_if_closed()
+        self.collective_rpc("ping", timeout=HEALTH_TIMEOUT)
 
-    @abstractmethod
     def shutdown(self) -> None:
         """Stop every worker; never hangs; safe to call more than once."""
+        self._close("shutdown() was called")
+        self._stop()
 
     def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
-        """Have ``callback(error)`` called, from a monitor thread, when a worker dies.
-
-        Used by the restart controller; an executor without a monitor (uni) never calls it.
-        """
-        del callback  # no monitor: nothing to call it
+        """Have ``callback(error)`` called, from a monitor thread, when a worker dies between
+        or during calls. Used by the restart controller; uni has no monitor and never calls it."""
+        del callback
 
     def stop_group(self) -> None:
         """Stop every worker before a restart; resources the next group reuses may stay
         (the ray executor's connection). ``shutdown()`` still follows."""
-        self.shutdown()
+        self._close("the group is being restarted")
+        self._stop(polite=False)
 
     def __enter__(self) -> Executor:
         return self
@@ -83,6 +185,96 @@ class Executor(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.shutdown()
+
+    # -- state and errors, for the concrete executors ------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed_because is not None
+
+    def _close(self, reason: str) -> bool:
+        """Mark the executor closed (the first reason stays); True for the first call."""
+        first = self._closed_because is None
+        if first:
+            self._closed_because = reason
+        return first
+
+    def _raise_if_closed(self) -> None:
+        if self._died is not None:
+            raise self._died
+        if self._closed_because is not None:
+            raise ExecutorClosedError(
+                f"this executor was shut down ({self._closed_because}); launch a new one"
+            )
+
+    def _closed_during(self, label: str) -> ExecutorClosedError:
+        return ExecutorClosedError(
+            f"the executor was shut down ({self._closed_because or 'shutdown() was called'}) "
+            f"while collective_rpc {label!r} was running"
+        )
+
+    def _worker_died(self, died: WorkerDiedError) -> WorkerDiedError:
+        """Record the first death, close, and stop the other workers; returns the first death."""
+        if self._died is None:
+            self._died = died
+        self._close(f"worker rank {died.rank} died")
+        self._stop(polite=False)
+        return self._died
+
+    def _timed_out(self, label: str, ranks: list[int], timeout: float | None) -> RpcTimeoutError:
+        """A collective that hung leaves the process group unusable: close, stop, report."""
+        self._close(f"collective_rpc {label!r} timed out")
+        self._stop(polite=False)
+        return RpcTimeoutError(label, ranks, timeout or 0.0)
+
+    def _startup_timed_out(self, ranks: Iterable[int]) -> WorkerStartupError:
+        pending = sorted(ranks)
+        source = _decision_source(self.plan, "startup_timeout")
+        return WorkerStartupError(
+            pending[0],
+            f"not ready within {self.startup_timeout:g}s (startup_timeout from {source}); "
+            f"ranks still starting: {pending}",
+        )
+
+    def _status(self, rank: int, text: str) -> None:
+        if self._on_status is not None:
+            self._on_status(rank, text)
+
+
+def _decision_source(plan: Plan, setting: str) -> str:
+    for decision in plan.decisions:
+        if decision.setting == setting:
+            return decision.source
+    return "default"
+
+
+def gather(
+    pending: dict[K, int],
+    wait: Callable[[list[K], float | None], Iterable[K]],
+    take: Callable[[K, int], bool],
+    timeout: float | None,
+    on_timeout: Callable[[list[int]], BaseException],
+) -> None:
+    """Wait for every pending key (a pipe, a Ray reference) until the deadline.
+
+    ``wait(keys, remaining)`` returns the keys that are ready (it may raise, e.g. on a death, and
+    it may consume replies itself and remove their keys); ``take(key, rank)`` consumes one
+    and returns whether that rank is done. When the deadline
+    passes with ranks pending, ``on_timeout(ranks)`` is raised.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while pending:
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        ready = list(wait(list(pending), remaining))
+        if not ready and pending and deadline is not None and time.monotonic() >= deadline:
+            raise on_timeout(sorted(pending.values()))
+        for key in ready:
+            if key in pending and take(key, pending[key]):
+                del pending[key]
+
+
+def startup_failure(rank: int, failure: Failure) -> WorkerStartupError:
+    """A worker's own start-up exception, with its traceback."""
+    return WorkerStartupError(rank, f"{failure.exc_type}: {failure.message}", failure.traceback)
 
 
 def raise_first_failure(failures: Mapping[int, Failure]) -> None:
@@ -122,7 +314,12 @@ def visible_devices(plan: Plan, environ: Mapping[str, str] | None = None) -> str
 
 
 def worker_environment(
-    plan: Plan, rank: int, local_rank: int, master_addr: str, master_port: int
+    plan: Plan,
+    rank: int,
+    local_rank: int,
+    master_addr: str,
+    master_port: int,
+    local_world_size: int | None = None,
 ) -> dict[str, str]:
     """The variables a worker process gets on top of the parent's environment."""
     env = dict(plan.env)
@@ -130,7 +327,9 @@ def worker_environment(
         RANK=str(rank),
         LOCAL_RANK=str(local_rank),
         WORLD_SIZE=str(plan.world_size),
-        LOCAL_WORLD_SIZE=str(plan.world_size // max(plan.nnodes, 1)),
+        LOCAL_WORLD_SIZE=str(
+            plan.world_size // max(plan.nnodes, 1) if local_world_size is None else local_world_size
+        ),
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
     )

@@ -27,14 +27,13 @@ from hwlaunch.errors import (
     WorkerDiedError,
     describe_exitcode,
 )
+from hwlaunch.executor._runtime import Failure, Request, method_label
 from hwlaunch.executor.base import Executor
 from hwlaunch.plan import Plan
-from hwlaunch.worker_runtime import method_label
 
 log = logging.getLogger("hwlaunch")
 
 RESTART_VARS = ("RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
-HEALTH_TIMEOUT = 30.0
 
 Starter = Callable[[Plan], Executor]
 SetupCall = tuple[Any, tuple[Any, ...], dict[str, Any] | None, float | None]
@@ -50,22 +49,28 @@ def _how(died: WorkerDiedError) -> str:
 
 
 class RestartingExecutor(Executor):
-    """An mp or ray executor that replaces its worker group when a worker fails."""
+    """An mp or ray executor that replaces its worker group when a worker fails.
+
+    The skeleton's RPC entry, lock and closed state are this object's; its "ranks" are the
+    current group, an executor of its own that ``start`` makes from a plan.
+    """
 
     def __init__(self, plan: Plan, start: Starter) -> None:
-        self.plan = plan
         self.restarts = 0  # restarts begun (the one in progress included)
         self._start = start
         self._lock = threading.Lock()  # held for a whole restart: calls wait for the new group
-        self._rpc_lock = threading.Lock()
         self._setup_calls: list[SetupCall] = []
         self._notes: list[str] = []
         self._final: WorkerDiedError | None = None
-        self._closed = False
         self._generation = 0
-        self._inner = start(plan_for_restart(plan, 0))
-        self.warnings: list[str] = list(getattr(self._inner, "warnings", ()))
         self._restart_threads: list[threading.Thread] = []
+        super().__init__(plan)
+
+    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+        """The first group (``start`` already holds the extension and options)."""
+        del extension, init_distributed
+        self._inner = self._start(plan_for_restart(self.plan, 0))
+        self.warnings += getattr(self._inner, "warnings", ())
         self._watch(self._inner, 0)
 
     # -- deaths and restarts -----------------------------------------------------------------
@@ -83,7 +88,7 @@ class RestartingExecutor(Executor):
     def _recover(self, generation: int, died: WorkerDiedError) -> None:
         """Replace the group of ``generation``, which failed with ``died``; once per group."""
         with self._lock:
-            if generation != self._generation or self._closed or self._final is not None:
+            if generation != self._generation or self.closed or self._final is not None:
                 return
             self._generation += 1
             retired = [self._inner]
@@ -126,7 +131,7 @@ class RestartingExecutor(Executor):
                     cause, f"a setup call failed during restart {self.restarts}: {exc}"
                 )
                 return
-            if self._closed:
+            if self.closed:
                 new.shutdown()
                 return
             self._inner = new
@@ -163,7 +168,7 @@ class RestartingExecutor(Executor):
         with self._lock:
             if self._final is not None:
                 return self._final
-            if self._closed or self._generation == generation:
+            if self.closed or self._generation == generation:
                 return died
             return WorkerDiedError(
                 died.rank,
@@ -178,10 +183,6 @@ class RestartingExecutor(Executor):
     def _current(self) -> tuple[Executor, int]:
         """The group calls go to, once any restart in progress has ended."""
         with self._lock:
-            if self._final is not None:
-                raise self._final
-            if self._closed:
-                raise RuntimeError("this executor was shut down; launch a new one")
             return self._inner, self._generation
 
     # -- the Executor interface ------------------------------------------------------------
@@ -194,31 +195,37 @@ class RestartingExecutor(Executor):
         *,
         setup: bool = False,
     ) -> list[Any]:
-        with self._rpc_lock:
-            inner, generation = self._current()
-            try:
-                results = inner.collective_rpc(method, args, kwargs, timeout)
-            except WorkerDiedError as died:
-                raise self._after_failure(generation, died) from None
-            except RpcTimeoutError as exc:
-                hung = WorkerDiedError(
-                    exc.ranks[0] if exc.ranks else 0,
-                    None,
-                    None,
-                    cause=f"did not answer collective_rpc {exc.method!r} within {exc.timeout:g}s",
-                )
-                outcome = self._after_failure(generation, hung)
-                if outcome.restarted:
-                    exc.restarted = True
-                    raise
-                raise outcome from exc
-            if setup:
-                self._setup_calls.append((method, tuple(args), kwargs, timeout))
-            return results
+        results = super().collective_rpc(method, args, kwargs, timeout)
+        if setup:
+            self._setup_calls.append((method, tuple(args), kwargs, timeout))
+        return results
+
+    def _exchange(
+        self, request: Request, label: str, timeout: float | None
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        inner, generation = self._current()
+        try:
+            inner._raise_if_closed()
+            return inner._exchange(request, label, timeout)
+        except WorkerDiedError as died:
+            raise self._after_failure(generation, died) from None
+        except RpcTimeoutError as exc:
+            hung = WorkerDiedError(
+                exc.ranks[0] if exc.ranks else 0,
+                None,
+                None,
+                cause=f"did not answer collective_rpc {exc.method!r} within {exc.timeout:g}s",
+            )
+            outcome = self._after_failure(generation, hung)
+            if outcome.restarted:
+                exc.restarted = True
+                raise
+            raise outcome from exc
 
     def check_health(self) -> None:
         """A dead or silent worker restarts the group; the check then raises what it found."""
         with self._rpc_lock:
+            self._raise_if_closed()
             inner, generation = self._current()
             try:
                 inner.check_health()
@@ -233,10 +240,18 @@ class RestartingExecutor(Executor):
                 )
                 raise self._after_failure(generation, hung) from exc
 
-    def shutdown(self) -> None:
-        self._closed = True  # a restart in progress stops at its next step
+    def _raise_if_closed(self) -> None:
+        with self._lock:  # after a restart in progress
+            if self._final is not None:
+                self._died = self._died or self._final
+        super()._raise_if_closed()
+
+    def _stop(self, polite: bool = True) -> None:
+        """A restart in progress stops at its next step; then the current group ends."""
         with self._lock:
-            self._inner.shutdown()
+            inner: Executor | None = getattr(self, "_inner", None)  # None: the start failed
+            if inner is not None:
+                inner.shutdown()
         for thread in self._restart_threads:
             if thread is not threading.current_thread():
                 thread.join()
@@ -251,7 +266,7 @@ class RestartingExecutor(Executor):
     def nodes(self) -> list[Any]:
         """Where each rank of the current group runs (ray executor; after a restart)."""
         with self._lock:
-            return list(getattr(self._inner, "nodes", []))
+            return list(self._inner.nodes)
 
     @property
     def setup_calls(self) -> list[str]:

@@ -1,12 +1,12 @@
 """The uni executor: one worker in the caller's process, with the same interface and errors.
 
 The worker lives on one dedicated thread, so that per-thread device state (the current CUDA
-device) is the same for start-up and every call, and so that a call can time out. It does not
-change this process's environment: the plan's env is for worker processes only.
+device) is the same for start-up and every call, and so that start-up and a call can time out.
+It does not change this process's environment: the plan's env is for worker processes only.
 
-A thread cannot be stopped: a call that times out goes on running on the worker thread, the
-executor closes (as the mp executor does after a timeout), and the worker's ``shutdown()`` runs
-once that call returns.
+A thread cannot be stopped: a start-up or a call that times out goes on running on the worker
+thread, the executor closes (as the mp executor does after a timeout), and the worker's
+``shutdown()`` runs once that call returns.
 """
 
 from __future__ import annotations
@@ -17,18 +17,12 @@ from collections.abc import Callable
 from concurrent.futures import Future, wait
 from typing import Any
 
-from hwlaunch.errors import RpcTimeoutError, WorkerStartupError
-from hwlaunch.executor.base import Executor, StatusCallback, free_port, raise_first_failure
+from hwlaunch.executor._runtime import Failure, Request, call, start_worker
+from hwlaunch.executor.base import Executor, StatusCallback, free_port, startup_failure
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
-from hwlaunch.worker_runtime import (
-    Failure,
-    call,
-    encode_extension,
-    encode_method,
-    method_label,
-    start_worker,
-)
+
+__all__ = ["UniExecutor"]
 
 SHUTDOWN_WAIT = 5.0  # seconds shutdown() waits for the worker's own shutdown()
 
@@ -36,6 +30,8 @@ _Job = tuple[Callable[[], Any], "Future[Any]"]
 
 
 class UniExecutor(Executor):
+    """World size 1, in this process: no process start-up cost, the same RPC semantics."""
+
     def __init__(
         self,
         plan: Plan,
@@ -47,23 +43,27 @@ class UniExecutor(Executor):
     ) -> None:
         if plan.world_size != 1:
             raise ValueError(f"the uni executor runs world size 1, not {plan.world_size}")
-        self.plan = plan
-        self.warnings: list[str] = []
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._rpc_lock = threading.Lock()  # one call at a time, as on a worker process
-        self._state_lock = threading.Lock()
-        self._closed_because: str | None = None
+        self._stop_lock = threading.Lock()
+        self._stopped = False
         self._worker: Worker | None = None
         self._thread = threading.Thread(target=self._run, name="hwlaunch-uni-worker", daemon=True)
         self._thread.start()
-        if on_status:
-            on_status(0, "started")
-        extension = encode_extension(worker_extension)
+        super().__init__(
+            plan,
+            worker_extension,
+            init_distributed=init_distributed,
+            startup_timeout=startup_timeout,
+            on_status=on_status,
+        )
+
+    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+        self._status(0, "started")
         port = free_port()
 
         def build() -> Worker:
             return start_worker(
-                plan,
+                self.plan,
                 extension,
                 rank=0,
                 local_rank=0,
@@ -73,19 +73,42 @@ class UniExecutor(Executor):
             )
 
         future = self._submit(build)
-        if not wait([future], startup_timeout).done:
+        if not wait([future], self.startup_timeout).done:
             # Should start-up finish after all, its worker shuts down on the worker thread.
             future.add_done_callback(lambda f: f.exception() or f.result().shutdown())
-            self._close(f"the worker was not ready within {startup_timeout:g}s")
-            raise WorkerStartupError(0, f"not ready within {startup_timeout:g}s")
+            raise self._startup_timed_out([0])
         error = future.exception()
         if error is not None:
-            self._close("the worker failed to start")
-            failure = Failure.current(error)
-            raise WorkerStartupError(0, f"{failure.exc_type}: {failure.message}", failure.traceback)
+            raise startup_failure(0, Failure.current(error))
         self._worker = future.result()
-        if on_status:
-            on_status(0, "ready")
+        self._status(0, "ready")
+
+    def _exchange(
+        self, request: Request, label: str, timeout: float | None
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        worker = self._worker
+        assert worker is not None
+        method, args, kwargs = request
+        future = self._submit(lambda: call(worker, method, args, kwargs))
+        if not wait([future], timeout).done:
+            raise self._timed_out(label, [0], timeout)
+        error = future.exception()
+        if error is not None:
+            return [None], {0: Failure.current(error)}
+        return [future.result()], {}
+
+    def _stop(self, polite: bool = True) -> None:
+        """Queue the worker's shutdown behind whatever runs now, then end the thread. Waits for
+        it only when nothing is stuck on the thread (a polite stop)."""
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        worker = self._worker
+        done = self._submit(worker.shutdown) if worker is not None else None
+        self._jobs.put(None)
+        if polite and done is not None and wait([done], SHUTDOWN_WAIT).done:
+            self._thread.join(SHUTDOWN_WAIT)
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -101,51 +124,3 @@ class UniExecutor(Executor):
         future: Future[Any] = Future()
         self._jobs.put((fn, future))
         return future
-
-    def collective_rpc(
-        self,
-        method: str | Callable[..., Any],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        timeout: float | None = None,
-        *,
-        setup: bool = False,
-    ) -> list[Any]:
-        encoded = encode_method(method)  # a callable goes through cloudpickle here too
-        with self._rpc_lock:
-            with self._state_lock:
-                if self._closed_because is not None:
-                    raise RuntimeError(
-                        f"this executor was shut down ({self._closed_because}); launch a new one"
-                    )
-                worker = self._worker
-                assert worker is not None
-                future = self._submit(
-                    lambda: call(worker, encoded, tuple(args), dict(kwargs or {}))
-                )
-            if not wait([future], timeout).done:
-                label = method_label(method)
-                self._close(f"collective_rpc {label!r} timed out", wait_for_worker=False)
-                raise RpcTimeoutError(label, [0], timeout or 0.0)
-            error = future.exception()
-            if error is not None:
-                raise_first_failure({0: Failure.current(error)})
-            return [future.result()]
-
-    def check_health(self) -> None:
-        self.collective_rpc("ping", timeout=30.0)
-
-    def shutdown(self) -> None:
-        self._close("shutdown() was called")
-
-    def _close(self, reason: str, *, wait_for_worker: bool = True) -> None:
-        """Queue the worker's shutdown behind whatever runs now, then end the thread."""
-        with self._state_lock:
-            if self._closed_because is not None:
-                return
-            self._closed_because = reason
-            worker = self._worker
-        done = self._submit(worker.shutdown) if worker is not None else None
-        self._jobs.put(None)
-        if wait_for_worker and done is not None and wait([done], SHUTDOWN_WAIT).done:
-            self._thread.join(SHUTDOWN_WAIT)

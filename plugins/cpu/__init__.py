@@ -1,22 +1,18 @@
-"""The host CPU backend: always available, gloo for collectives, any start method the OS offers."""
+"""The host CPU backend: always available, gloo for collectives, every start method.
+
+The rule is data: it allows fork, spawn and forkserver; the resolver keeps those the OS offers
+(so ``--assume start_methods=spawn`` shows what happens where fork is missing).
+"""
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 
 from hwlaunch import START_METHODS, BackendSpec, Register, StartMethodRule, hookimpl
 
-
-def _rule() -> StartMethodRule:
-    offered = multiprocessing.get_all_start_methods()
-    allowed = tuple(m for m in START_METHODS if m in offered)
-    return StartMethodRule(
-        allowed=allowed,
-        default="fork" if "fork" in allowed else "spawn",
-        fallback="forkserver" if "forkserver" in allowed else "spawn",
-        preload=("torch",),
-    )
+RULE = StartMethodRule(
+    allowed=START_METHODS, default="fork", fallback="forkserver", preload=("torch",)
+)
 
 
 @hookimpl
@@ -29,7 +25,7 @@ def hwlaunch_register_backends(register: Register) -> None:
             is_available=lambda: True,
             device_count=lambda: os.cpu_count() or 1,
             is_initialized=lambda: False,
-            start_methods=_rule(),
+            start_methods=RULE,
             dist_backend="gloo",
             worker="hwlaunch.plugins.cpu.worker:CPUWorker",
             device_control_env_var=None,

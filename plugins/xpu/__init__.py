@@ -54,7 +54,7 @@ def hwlaunch_register_backends(register: Register) -> None:
             device_count=device_count,
             is_initialized=is_initialized,
             start_methods=StartMethodRule(allowed=("spawn",), default="spawn"),
-            dist_backend="ccl" if module_installed("oneccl_bindings_for_pytorch") else "xccl",
+            dist_backend="xccl",  # the worker switches to ccl where oneCCL is installed
             worker="hwlaunch.plugins.xpu.worker:XPUWorker",
             device_control_env_var="ZE_AFFINITY_MASK",
             ray_resource="GPU",

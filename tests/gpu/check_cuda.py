@@ -2,7 +2,8 @@
 
 With CUDA initialized in this (the parent) process, it shows that
 
-1. ``resolve()`` on cuda falls back from fork to spawn, and says why in a warning;
+1. ``resolve()`` on cuda falls back from fork to forkserver (the rule's fallback), and says why
+   in a warning;
 2. the workers use the GPU: each reports ``torch.cuda.current_device()`` and a tensor's device;
 3. ``all_reduce_rank`` over nccl equals N*(N-1)/2;
 4. an explicit ``start_method="fork"`` gets hwlaunch's StartMethodError from ``resolve()`` and
@@ -81,7 +82,7 @@ def run(world_size: int) -> dict[str, Any]:
         "warnings": list(plan.warnings),
         "dist_backend": plan.dist_backend,
     }
-    checks["falls_back_to_spawn"] = plan.start_method == "spawn"
+    checks["falls_back_to_forkserver"] = plan.start_method == "forkserver"
     checks["fallback_is_explained"] = "cuda.initialized" in decision.source and any(
         "instead of fork" in w for w in plan.warnings
     )

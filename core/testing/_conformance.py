@@ -35,11 +35,11 @@ from typing import Any, ClassVar
 import pytest
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
-from hwlaunch.facts import RuntimeFacts, apply_assumptions, gather_facts, parse_assumptions
-from hwlaunch.plan import Plan
-from hwlaunch.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
-from hwlaunch.resolver import decide
-from hwlaunch.settings import Overrides, Sourced
+from hwlaunch.plan import Plan, RuntimeFacts
+from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
+from hwlaunch.planning.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
+from hwlaunch.planning.rules import decide
+from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.spec import START_METHODS, BackendSpec
 from hwlaunch.worker import Worker
 
@@ -66,7 +66,7 @@ class LifecycleProbe(Worker):
     def conformance_report(self) -> dict[str, Any]:
         import torch.distributed as dist
 
-        from hwlaunch.worker_runtime import import_object
+        from hwlaunch.executor._runtime import import_object
 
         joined = bool(dist.is_available() and dist.is_initialized())
         var = self.plan.device_control_env_var
@@ -105,7 +105,7 @@ _PROBE_SCRIPT = """
 import json, sys, time
 args = json.loads(sys.argv[1])
 sys.path[:] = args["path"]
-from hwlaunch.registry import load_registry
+from hwlaunch.planning.registry import load_registry
 before_load = set(sys.modules)
 registry = load_registry(environ=args["environ"], strict=True)
 after_load = set(sys.modules)
@@ -133,7 +133,7 @@ _WORKER_IMPORT_SCRIPT = """
 import json, sys
 sys.path[:] = json.loads(sys.argv[1])
 from hwlaunch import Worker
-from hwlaunch.worker_runtime import import_object
+from hwlaunch.executor._runtime import import_object
 cls = import_object(sys.argv[2])
 print(json.dumps({"is_worker": isinstance(cls, type) and issubclass(cls, Worker)}))
 """
@@ -489,7 +489,7 @@ class BackendConformance:
     # -- the worker lifecycle ------------------------------------------------------------------
     def run_lifecycle(self, executor: str, method: str | None, markers: Path) -> None:
         """Start the workers, check what they report and an all-reduce, shut them down."""
-        from hwlaunch.launcher import launch
+        from hwlaunch.executor.launcher import launch
 
         spec = self.spec()
         if executor not in self.executors:
@@ -527,6 +527,13 @@ class BackendConformance:
             reports = workers.collective_rpc("conformance_report", timeout=RPC_TIMEOUT)
             sums = workers.collective_rpc("all_reduce_rank", timeout=RPC_TIMEOUT)
             workers.check_health()
+        self.check_lifecycle(plan, executor, reports, sums, markers)
+
+    def check_lifecycle(
+        self, plan: Plan, executor: str, reports: list[Any], sums: list[Any], markers: Path
+    ) -> None:
+        """What every rank reported after start-up, the all-reduce, and its shutdown marker."""
+        spec, world = self.spec(), plan.world_size
         for rank, report in enumerate(reports):
             _same(
                 f"rank {rank} after start-up",

@@ -1,4 +1,4 @@
-"""``hwlaunch run``: the CLI face of the main job (see hwlaunch.run_job)."""
+"""``hwlaunch run``: the command of the main job (the job itself is in ``_job``)."""
 
 from __future__ import annotations
 
@@ -7,28 +7,16 @@ import shutil
 
 import click
 
-from hwlaunch.run_job import DEFAULT_PROMPTS, check, print_err, render, run_job
-from hwlaunch.settings import Sourced
+from hwlaunch.cli._job import DEFAULT_PROMPTS, check, print_err, render, run_job
+from hwlaunch.cli._options import setting_options
+from hwlaunch.planning import settings
+from hwlaunch.planning.settings import Sourced
 
-RUN_SOURCES = {
-    "backend": "--backend",
-    "world_size": "--world-size",
-    "executor": "--executor",
-    "start_method": "--start-method",
-    "ray_address": "--ray-address",
-    "nnodes": "--nnodes",
-}
-RUN_DEFAULTS = {"world_size": Sourced(2, "hwlaunch run default")}
+DEFAULTS = {"world_size": 2}  # below every user setting: a run without flags has two ranks
 
 
 @click.command()
-@click.option("--backend", metavar="NAME", help="Backend name (default: auto-detect).")
-@click.option("--world-size", "-n", metavar="N", help="Number of workers (default: 2).")
-@click.option("--nnodes", metavar="N", help="Number of nodes (more than 1 means Ray).")
-@click.option("--executor", metavar="uni|mp|ray", help="How workers are started.")
-@click.option("--start-method", metavar="fork|spawn|forkserver", help="For the mp executor.")
-@click.option("--ray-address", metavar="ADDR", help="Ray cluster to join (executor ray).")
-@click.option("--config", "config_file", metavar="FILE", help="Config file.")
+@setting_options(DEFAULTS)
 @click.option("--model", metavar="PATH", help="Local model directory (offline).")
 @click.option("--prompt", "prompts", multiple=True, metavar="TEXT", help="Prompt (repeatable).")
 @click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(1, 4096))
@@ -42,10 +30,14 @@ def run(
     **flags: str | None,
 ) -> None:
     """Start workers, check the process group, generate with a causal LM and verify it."""
-    from hwlaunch.resolver import resolve_with_sources
+    from hwlaunch.planning.resolver import resolve_with_sources
 
     plan = resolve_with_sources(
-        flags, RUN_SOURCES, config=config_file, config_source="--config", defaults=RUN_DEFAULTS
+        flags,
+        settings.sources("cli"),
+        config=config_file,
+        config_source="--config",
+        defaults={k: Sourced(v, "hwlaunch run default") for k, v in DEFAULTS.items()},
     )
     if not as_json:
         click.echo(plan.explain(width=shutil.get_terminal_size((120, 24)).columns), nl=False)

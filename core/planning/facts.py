@@ -9,72 +9,18 @@ from __future__ import annotations
 import multiprocessing
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, get_args
 
+from hwlaunch._checks import did_you_mean, parse_truthy
 from hwlaunch.errors import ConfigError
-from hwlaunch.mainguard import MainGuard, MainGuardStatus, detect_main_guard
-from hwlaunch.settings import did_you_mean
+from hwlaunch.plan import DeviceFacts, MainGuard, MainGuardStatus, RuntimeFacts
+from hwlaunch.planning.mainguard import detect_main_guard
 from hwlaunch.spec import START_METHODS, BackendSpec
 
 MAIN_GUARD_VALUES: tuple[MainGuardStatus, ...] = get_args(MainGuardStatus)
-GLOBAL_KEYS = (
-    "main_guard",
-    "interactive",
-    "daemonic",
-    "ray_initialized",
-    "in_ray_actor",
-    "start_methods",
-)
+GLOBAL_KEYS = ("main_guard", "daemonic", "in_ray_actor", "start_methods")
 DEVICE_KEYS = ("available", "device_count", "initialized")
-
-
-@dataclass(frozen=True)
-class DeviceFacts:
-    available: bool
-    device_count: int
-    initialized: bool
-    probe_error: str | None = None
-
-
-@dataclass(frozen=True)
-class RuntimeFacts:
-    os_start_methods: tuple[str, ...]
-    devices: Mapping[str, DeviceFacts]
-    main_guard: MainGuard
-    interactive: bool
-    daemonic: bool
-    ray_initialized: bool
-    in_ray_actor: bool
-    assumed: frozenset[str] = field(default_factory=frozenset)
-
-    def mark(self, key: str) -> str:
-        """`` (assumed)`` after a fact that was assumed, for reasons and tables."""
-        return " (assumed)" if key in self.assumed else ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "os_start_methods": list(self.os_start_methods),
-            "devices": {
-                name: {
-                    "available": d.available,
-                    "device_count": d.device_count,
-                    "initialized": d.initialized,
-                    "probe_error": d.probe_error,
-                }
-                for name, d in self.devices.items()
-            },
-            "main_guard": {
-                "status": self.main_guard.status,
-                "file": self.main_guard.file,
-                "line": self.main_guard.line,
-            },
-            "interactive": self.interactive,
-            "daemonic": self.daemonic,
-            "ray_initialized": self.ray_initialized,
-            "in_ray_actor": self.in_ray_actor,
-            "assumed": sorted(self.assumed),
-        }
 
 
 def probe_device(spec: BackendSpec) -> DeviceFacts:
@@ -88,44 +34,32 @@ def probe_device(spec: BackendSpec) -> DeviceFacts:
     return DeviceFacts(available, count, initialized)
 
 
-def _interactive() -> bool:
-    return bool(hasattr(sys, "ps1") or sys.flags.interactive or "ipykernel" in sys.modules)
-
-
-def _ray_state() -> tuple[bool, bool]:
-    """(ray initialized, inside a Ray actor), asked only when Ray is already imported."""
+def _in_ray_actor() -> bool:
+    """Whether this process is a Ray actor, asked only when Ray is already imported."""
     ray: Any = sys.modules.get("ray")
     if ray is None:
-        return False, False
+        return False
     try:
-        if not ray.is_initialized():
-            return False, False
-        return True, ray.get_runtime_context().get_actor_id() is not None
+        return bool(ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None)
     except Exception:
-        return False, False
+        return False
 
 
 def gather_facts(specs: Mapping[str, BackendSpec]) -> RuntimeFacts:
-    ray_initialized, in_actor = _ray_state()
+    """Probe every backend and this process; cheap, and never initializes a device."""
     return RuntimeFacts(
         os_start_methods=tuple(multiprocessing.get_all_start_methods()),
         devices={name: probe_device(spec) for name, spec in specs.items()},
         main_guard=detect_main_guard(),
-        interactive=_interactive(),
         daemonic=bool(multiprocessing.current_process().daemon),
-        ray_initialized=ray_initialized,
-        in_ray_actor=in_actor,
+        in_ray_actor=_in_ray_actor(),
     )
 
 
 def _bool(key: str, raw: object, source: str) -> bool:
-    if isinstance(raw, bool):
-        return raw
-    text = str(raw).strip().lower()
-    if text in {"1", "true", "yes", "on"}:
-        return True
-    if text in {"0", "false", "no", "off"}:
-        return False
+    value = parse_truthy(raw)
+    if value is not None:
+        return value
     raise ConfigError(f"invalid value {raw!r} for {key} from {source}: expected true or false")
 
 

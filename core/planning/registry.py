@@ -20,6 +20,7 @@ from importlib.metadata import EntryPoint, entry_points
 import pluggy
 
 from hwlaunch import hookspecs
+from hwlaunch._checks import parse_truthy, unknown_name_message
 from hwlaunch.errors import BackendUnavailableError, PluginError
 from hwlaunch.spec import BackendSpec
 
@@ -54,6 +55,9 @@ class PluginRecord:
 
 @dataclass(frozen=True)
 class RegisteredBackend:
+    """A backend in the registry: its validated spec and the plugin that registered it (for
+    ``hwlaunch backends`` and for errors that name the plugin)."""
+
     spec: BackendSpec
     plugin: PluginRecord
 
@@ -81,20 +85,12 @@ class Registry:
         raise BackendUnavailableError(unknown_name_message("backend", name, self.backends))
 
 
-def unknown_name_message(kind: str, name: str, known: Mapping[str, object] | list[str]) -> str:
-    """ "unknown backend 'cdua'; did you mean 'cuda'? known: cpu, cuda" style text."""
-    names = sorted(known)
-    close = difflib.get_close_matches(name, names, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return f"unknown {kind} {name!r}{hint} (known: {', '.join(names) or 'none'})"
-
-
 def _split_env(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
 def _strict_from_env(environ: Mapping[str, str]) -> bool:
-    return environ.get(ENV_STRICT, "").strip().lower() in {"1", "true", "yes", "on"}
+    return parse_truthy(environ.get(ENV_STRICT, "")) is True
 
 
 def _load_order(ep: EntryPoint) -> tuple[int, str]:

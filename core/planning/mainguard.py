@@ -31,67 +31,9 @@ from multiprocessing import process, spawn
 from types import FrameType, ModuleType
 from typing import Literal
 
-MainGuardStatus = Literal[
-    "guarded", "unguarded", "no-main-file", "not-reimportable", "reimporting", "unknown"
-]
-# What spawn/forkserver must not be used with: the child would launch again, could not start
-# at all, or nobody can tell.
-REIMPORT_UNSAFE: tuple[MainGuardStatus, ...] = ("unguarded", "not-reimportable", "unknown")
+from hwlaunch.plan import MainGuard
 
 _Spans = tuple[tuple[int, int], ...]
-
-
-@dataclass(frozen=True)
-class MainGuard:
-    """What a spawned child does with ``__main__``, and where this process is in it.
-
-    ``guarded``: the child re-runs the main module, and the running line (and every earlier
-    launch of this process) is inside a main guard. ``unguarded``: the re-run reaches a launch
-    (``file:line``). ``no-main-file``: the child re-runs nothing. ``not-reimportable``: the
-    child would try to re-run a main it cannot read (code from stdin). ``reimporting``: this
-    process *is* such a child, re-running ``__main__``. ``unknown``: the re-run cannot be
-    analysed (a ``.pyc`` without source, a loader without source).
-    """
-
-    status: MainGuardStatus
-    file: str | None = None
-    line: int | None = None
-    detail: str | None = None
-
-    def describe(self) -> str:
-        """One line for people, e.g. ``unguarded (train.py:12)``."""
-        reason = ": ".join(part for part in (self.where(short=True), self.detail) if part)
-        return f"{self.status} ({reason})" if reason else self.status
-
-    def where(self, *, short: bool = False) -> str | None:
-        if not (self.file and self.line):
-            return None
-        return f"{os.path.basename(self.file) if short else self.file}:{self.line}"
-
-    def problem(self) -> str:
-        """Why spawn/forkserver cannot be used with this main, for error messages."""
-        where = self.where() or self.file or "the main script"
-        if self.status == "unguarded":
-            why = f" ({self.detail})" if self.detail and self.detail != "assumed" else ""
-            return (
-                f"{where} starts workers at module level, outside an "
-                f'`if __name__ == "__main__":` block{why}, so each spawned worker would re-run '
-                "it and launch again"
-            )
-        if self.status == "not-reimportable":
-            return (
-                f"each spawned worker would have to re-run __main__, which it cannot read "
-                f"({self.detail or where})"
-            )
-        if self.status == "reimporting":
-            return (
-                f"this process is a spawned child re-importing the program's __main__, and the "
-                f"re-import reached a launch at {where}"
-            )
-        return (
-            "each spawned worker would re-run __main__, and hwlaunch cannot read what that "
-            f"re-run does ({self.detail or where})"
-        )
 
 
 _launched_unguarded: list[MainGuard] = []

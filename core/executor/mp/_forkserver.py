@@ -12,7 +12,7 @@ from multiprocessing.context import BaseContext
 
 # What every mp worker runs before the plan's own modules matter: the worker loop (with the
 # worker runtime and cloudpickle). Preloaded too, or each worker would import it after the fork.
-EXECUTOR_MODULES = ("hwlaunch.executor.mp_child", "multiprocessing.popen_forkserver")
+EXECUTOR_MODULES = ("hwlaunch.executor.mp._child", "multiprocessing.popen_forkserver")
 
 _preloaded: tuple[str, ...] | None = None
 

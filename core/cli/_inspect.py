@@ -1,63 +1,18 @@
-"""The ``hwlaunch`` command line: ``backends``, ``resolve`` and ``run``.
-
-User errors (HwlaunchError with exit_code 2, click usage errors) print one message on stderr and
-exit 2 without a traceback; ``--debug`` shows the traceback.
-"""
+"""``hwlaunch backends`` and ``hwlaunch resolve``: what is registered, and the plan with reasons."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import sys
-import traceback
 from typing import Any
 
 import click
 
-from hwlaunch.cli_run import run
-from hwlaunch.errors import HwlaunchError
-from hwlaunch.facts import probe_device
-from hwlaunch.registry import Registry, default_registry
-
-CLI_SOURCES = {
-    "backend": "--backend",
-    "world_size": "--world-size",
-    "nnodes": "--nnodes",
-    "executor": "--executor",
-    "start_method": "--start-method",
-    "ray_address": "--ray-address",
-}
-
-
-def plan_options(func: Any) -> Any:
-    """The override flags shared by ``resolve`` and ``run`` (values are validated by resolve)."""
-    options = [
-        click.option("--backend", metavar="NAME", help="Backend name (see `hwlaunch backends`)."),
-        click.option("--nnodes", metavar="N", help="Number of nodes (more than 1 means Ray)."),
-        click.option("--executor", metavar="uni|mp|ray", help="How workers are started."),
-        click.option(
-            "--start-method",
-            metavar="fork|spawn|forkserver",
-            help="multiprocessing start method for the mp executor.",
-        ),
-        click.option("--ray-address", metavar="ADDR", help="Ray cluster to join."),
-        click.option(
-            "--config",
-            "config_file",
-            metavar="FILE",
-            help="Config file (default: ./hwlaunch.toml or [tool.hwlaunch]).",
-        ),
-        click.option(
-            "--assume",
-            multiple=True,
-            metavar="KEY=VALUE",
-            help="Assume a runtime fact, e.g. cuda.initialized=true (repeatable).",
-        ),
-        click.option("--json", "as_json", is_flag=True, help="Print JSON."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+from hwlaunch.cli._options import setting_options
+from hwlaunch.planning import settings
+from hwlaunch.planning.facts import probe_device
+from hwlaunch.planning.registry import Registry, default_registry
 
 
 def backend_rows(registry: Registry) -> list[dict[str, Any]]:
@@ -121,16 +76,7 @@ def plugin_rows(registry: Registry) -> list[dict[str, Any]]:
     ]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-@click.version_option(package_name="hwlaunch")
-@click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
-    """Decide how to start accelerator workers, explain why, and run them."""
-    ctx.obj = {"debug": debug}
-
-
-@cli.command()
+@click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--verbose", "-v", is_flag=True, help="Also list each plugin's module and hooks.")
 def backends(as_json: bool, verbose: bool) -> None:
@@ -188,18 +134,24 @@ def backends(as_json: bool, verbose: bool) -> None:
         console.print(f"skipped plugin {skipped}", markup=False)
 
 
-@cli.command()
-@click.option("--world-size", "-n", metavar="N", help="Number of workers.")
-@plan_options
+@click.command()
+@setting_options()
+@click.option(
+    "--assume",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Assume a runtime fact, e.g. cuda.initialized=true (repeatable).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def resolve(
     as_json: bool, config_file: str | None, assume: tuple[str, ...], **flags: str | None
 ) -> None:
     """Show the plan (backend, executor, start method...) and the reason for each value."""
-    from hwlaunch.resolver import resolve_with_sources
+    from hwlaunch.planning.resolver import resolve_with_sources
 
     plan = resolve_with_sources(
         flags,
-        CLI_SOURCES,
+        settings.sources("cli"),
         config=config_file,
         config_source="--config",
         assume=assume,
@@ -209,33 +161,3 @@ def resolve(
         click.echo(json.dumps(plan.to_dict(), indent=2))
     else:
         click.echo(plan.explain(width=shutil.get_terminal_size((120, 24)).columns), nl=False)
-
-
-cli.add_command(run)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: run the CLI and turn user errors into exit code 2 without a traceback."""
-    args = sys.argv[1:] if argv is None else argv
-    debug = "--debug" in args
-    try:
-        cli.main(args=args, prog_name="hwlaunch", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
-        return 130
-    except click.ClickException as exc:
-        exc.show()
-        return int(exc.exit_code)
-    except HwlaunchError as exc:
-        if debug:
-            traceback.print_exc()
-        click.echo(f"hwlaunch: error: {exc}", err=True)
-        return int(exc.exit_code)
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        return 130
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -38,13 +38,13 @@ class GenerationWorker:
     device: Any
 
     def load_model(self, path: str | None) -> str:
-        from hwlaunch import demo_model
+        from hwlaunch.cli import _demo_model as demo_model
 
         self._model = demo_model.load(path, self.device)
         return self._model.name
 
     def generate(self, prompts: list[str], max_new_tokens: int) -> list[dict[str, Any]]:
-        from hwlaunch import demo_model
+        from hwlaunch.cli import _demo_model as demo_model
 
         return demo_model.generate(self._model, prompts, max_new_tokens)
 
@@ -114,7 +114,7 @@ def reference_outputs(
 ) -> list[dict[str, Any]]:
     """All prompts through one model in one process: this one on CPU, else rank 0 alone."""
     if plan.backend == "cpu":
-        from hwlaunch import demo_model
+        from hwlaunch.cli import _demo_model as demo_model
 
         return demo_model.generate(demo_model.load(model), prompts, max_new_tokens)
 
@@ -127,7 +127,7 @@ def reference_outputs(
 def run_job(
     plan: Plan, *, model: str | None, prompts: list[str], max_new_tokens: int, quiet: bool
 ) -> dict[str, Any]:
-    from hwlaunch.launcher import launch
+    from hwlaunch.executor.launcher import launch
 
     timings: dict[str, float] = {}
     progress = Progress(plan.world_size, quiet)

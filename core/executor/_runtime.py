@@ -21,6 +21,8 @@ from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 
 WorkerExtension = type | str | None
+# One call as it travels: a method name or a cloudpickled callable, its args and kwargs.
+Request = tuple[str | bytes, tuple[Any, ...], dict[str, Any]]
 
 
 @dataclass(frozen=True)

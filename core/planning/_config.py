@@ -1,109 +1,35 @@
-"""User overrides with provenance: explicit arguments > environment > config file.
+"""Config files: ``hwlaunch.toml``, or ``[tool.hwlaunch]`` in a pyproject.toml.
 
-Every value carries the place it came from (``--start-method``, ``env HWLAUNCH_START_METHOD``,
-``hwlaunch.toml:3``) so that both a plan's reasons and an error for a bad value can name it.
-Reading settings has no side effects: nothing here writes the environment or any file.
+Each value keeps the line it was written on (``hwlaunch.toml:3``), so that a plan's sources
+and an error for a bad value can point at it. The keys are the settings table's.
 """
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any
 
+from hwlaunch._checks import did_you_mean, is_env_name
 from hwlaunch.errors import ConfigError
-from hwlaunch.spec import START_METHODS
+from hwlaunch.planning.settings import (
+    BACKEND_TABLE_KEYS,
+    ENV_CONFIG,
+    TOP_LEVEL_KEYS,
+    Overrides,
+    Sourced,
+    parse_setting,
+    read_environment,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
-
-T = TypeVar("T")
-
-EXECUTORS = ("uni", "mp", "ray")
-ENV_VARS: dict[str, str] = {
-    "backend": "HWLAUNCH_BACKEND",
-    "executor": "HWLAUNCH_EXECUTOR",
-    "start_method": "HWLAUNCH_START_METHOD",
-    "world_size": "HWLAUNCH_WORLD_SIZE",
-    "nnodes": "HWLAUNCH_NNODES",
-    "ray_address": "HWLAUNCH_RAY_ADDRESS",
-    "ray_pg_timeout": "HWLAUNCH_RAY_PG_TIMEOUT",
-    "max_restarts": "HWLAUNCH_MAX_RESTARTS",
-}
-ENV_CONFIG = "HWLAUNCH_CONFIG"
-TOP_LEVEL_KEYS = (*ENV_VARS, "env", "backends")
-BACKEND_TABLE_KEYS = ("executor", "start_method", "world_size", "nnodes", "env")
-
-
-@dataclass(frozen=True)
-class Sourced(Generic[T]):
-    """A value and where it came from."""
-
-    value: T
-    source: str
-
-
-def did_you_mean(value: str, allowed: tuple[str, ...] | list[str], cutoff: float = 0.6) -> str:
-    """``"; did you mean 'cuda'?"`` for the closest allowed value, or ``""``."""
-    close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=cutoff)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
-def _choice(name: str, raw: object, source: str, allowed: tuple[str, ...]) -> str:
-    if not isinstance(raw, str) or raw not in allowed:
-        hint = did_you_mean(raw, allowed) if isinstance(raw, str) else ""
-        raise ConfigError(
-            f"invalid {name} {raw!r} from {source}{hint} (allowed: {', '.join(allowed)})"
-        )
-    return raw
-
-
-def _number(name: str, raw: object, source: str, kind: type, minimum: float) -> Any:
-    value: Any = raw
-    if isinstance(raw, str):
-        try:
-            value = kind(raw.strip())
-        except ValueError:
-            value = None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or (kind is int and not isinstance(value, int))
-    ):
-        what = "an integer" if kind is int else "a number"
-        raise ConfigError(f"invalid {name} {raw!r} from {source}: must be {what} >= {minimum:g}")
-    if value < minimum or value != value or value == float("inf"):
-        raise ConfigError(f"invalid {name} {raw!r} from {source}: must be >= {minimum:g}")
-    return value
-
-
-def parse_setting(name: str, raw: object, source: str) -> Any:
-    """Validate one setting's raw value (a string from env/CLI, or a native TOML/Python value)."""
-    if name == "executor":
-        return _choice(name, raw, source, EXECUTORS)
-    if name == "start_method":
-        return _choice(name, raw, source, START_METHODS)
-    if name in ("world_size", "nnodes"):
-        return _number(name, raw, source, int, 1)
-    if name == "max_restarts":
-        return _number(name, raw, source, int, 0)
-    if name == "ray_pg_timeout":
-        return float(_number(name, raw, source, float, 0.001))
-    if name in ("backend", "ray_address"):
-        if not isinstance(raw, str) or not raw.strip():
-            raise ConfigError(f"invalid {name} {raw!r} from {source}: must be a non-empty string")
-        return raw.strip()
-    raise ConfigError(f"unknown setting {name!r} from {source}{did_you_mean(name, list(ENV_VARS))}")
-
-
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def _parse_env_table(raw: object, source: str) -> dict[str, str]:
@@ -114,7 +40,7 @@ def _parse_env_table(raw: object, source: str) -> dict[str, str]:
             f"strings, {example}"
         )
     for key, value in raw.items():
-        if not _ENV_NAME.match(key):
+        if not is_env_name(key):
             raise ConfigError(
                 f"invalid env table at {source}: {key!r} is not an environment variable name"
             )
@@ -293,41 +219,6 @@ def find_config_file(
         if isinstance(data.get("tool"), dict) and "hwlaunch" in data["tool"]:
             return load_config_file(pyproject, ("tool", "hwlaunch"))
     return None
-
-
-@dataclass(frozen=True)
-class Overrides:
-    """All user-supplied settings, by layer."""
-
-    explicit: dict[str, Sourced[Any]] = field(default_factory=dict)
-    environment: dict[str, Sourced[Any]] = field(default_factory=dict)
-    config: ConfigFile | None = None
-    defaults: dict[str, Sourced[Any]] = field(default_factory=dict)
-
-    def lookup(self, name: str, backend: str | None = None) -> Sourced[Any] | None:
-        """The winning value for ``name``: explicit > env > [backends.<b>] > top-level file >
-        the caller's defaults (``hwlaunch run`` defaults to world size 2)."""
-        if name in self.explicit:
-            return self.explicit[name]
-        if name in self.environment:
-            return self.environment[name]
-        if self.config is not None:
-            if backend is not None and name in self.config.backends.get(backend, {}):
-                return self.config.backends[backend][name]
-            if name in self.config.settings:
-                return self.config.settings[name]
-        return self.defaults.get(name)
-
-
-def read_environment(environ: Mapping[str, str]) -> dict[str, Sourced[Any]]:
-    """The ``HWLAUNCH_*`` settings present (empty values count as unset)."""
-    found: dict[str, Sourced[Any]] = {}
-    for name, var in ENV_VARS.items():
-        raw = environ.get(var, "")
-        if raw.strip():
-            source = f"env {var}"
-            found[name] = Sourced(parse_setting(name, raw, source), source)
-    return found
 
 
 def collect_overrides(

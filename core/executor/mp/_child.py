@@ -24,10 +24,10 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-from hwlaunch.executor import process_tree
-from hwlaunch.mainprep import refuse_reimport
+from hwlaunch.executor._mainprep import refuse_reimport
+from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.plan import Plan
-from hwlaunch.worker_runtime import Failure, answer, start_worker
 
 PR_SET_PDEATHSIG = 1
 

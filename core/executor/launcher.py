@@ -30,7 +30,7 @@ def launch(
     """
     resolved_here = plan is None
     if plan is None:
-        from hwlaunch.resolver import resolve
+        from hwlaunch.planning.resolver import resolve
 
         plan = resolve(**overrides)
         for text in plan.warnings:
@@ -41,12 +41,12 @@ def launch(
         )
     executor = _start(plan, worker_extension, init_distributed, startup_timeout, on_status)
     if plan.facts is not None:
-        from hwlaunch.mainguard import note_launch
+        from hwlaunch.planning.mainguard import note_launch
 
         guard = plan.facts.main_guard
         note_launch(guard)  # a later launch's spawned children re-run this one
         if guard.status == "unguarded" and guard.file:
-            from hwlaunch.mainprep import refuse_reimport
+            from hwlaunch.executor._mainprep import refuse_reimport
 
             refuse_reimport(guard.where() or guard.file)
     if resolved_here:

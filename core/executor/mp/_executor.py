@@ -1,0 +1,310 @@
+"""The mp executor: local worker processes that never hang, never orphan, never go daemonic.
+
+Workers are started with ``multiprocessing.get_context(plan.start_method)``: the global start
+method and the parent's ``os.environ`` stay untouched. Workers are not daemonic (so they may
+start children of their own); the death pipe and PR_SET_PDEATHSIG tie them to the parent
+instead. A monitor thread watches the process sentinels, so a worker that dies fails every
+RPC at once and the others are shut down.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import pickle
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from multiprocessing import connection
+from multiprocessing.connection import Connection
+from multiprocessing.context import BaseContext
+from multiprocessing.util import Finalize
+from typing import Any
+
+from hwlaunch.errors import WorkerDiedError, WorkerStartupError, describe_exitcode
+from hwlaunch.executor._runtime import Failure, Request, dumps, loads
+from hwlaunch.executor.base import (
+    Executor,
+    StatusCallback,
+    free_port,
+    gather,
+    startup_failure,
+    worker_environment,
+)
+from hwlaunch.executor.mp import _process_tree as process_tree
+from hwlaunch.executor.mp._child import worker_main
+from hwlaunch.executor.mp._forkserver import prepare_forkserver
+from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
+from hwlaunch.plan import Plan
+
+__all__ = ["MultiprocExecutor"]
+
+
+@contextlib.contextmanager
+def _global_start_method_kept() -> Iterator[None]:
+    """Leave multiprocessing's global start method unset if it was.
+
+    Starting a spawn or forkserver child asks ``multiprocessing.get_start_method()`` (CPython's
+    ``spawn.get_preparation_data``), which fixes the global default as a side effect; a later
+    ``multiprocessing.set_start_method()`` in the user's program would then fail with "context
+    has already been set".
+    """
+    default: Any = multiprocessing.context._default_context  # private: no public way to unset
+    was_unset = default._actual_context is None
+    try:
+        yield
+    finally:
+        if was_unset:
+            default._actual_context = None
+
+
+class MultiprocExecutor(Executor):
+    """Workers as local processes, one per rank, on one node, with the plan's start method."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        worker_extension: type | str | None = None,
+        *,
+        init_distributed: bool = True,
+        startup_timeout: float | None = None,
+        on_status: StatusCallback | None = None,
+    ) -> None:
+        if plan.start_method is None:
+            raise ValueError("the mp executor needs a plan with a start method")
+        self._rpc_id = 0
+        self._group = WorkerGroup(plan.world_size)
+        # exitpriority >= 0: runs in multiprocessing's atexit hook *before* it joins every
+        # non-daemonic child, so that join finds the workers already gone instead of hanging.
+        self._finalizer = Finalize(self, self._group.shutdown, exitpriority=50)
+        super().__init__(
+            plan,
+            worker_extension,
+            init_distributed=init_distributed,
+            startup_timeout=startup_timeout,
+            on_status=on_status,
+        )
+
+    @property
+    def pids(self) -> list[int | None]:
+        """The workers' process ids, in rank order (kept after shutdown, for diagnostics)."""
+        return list(self._group.pids)
+
+    # -- start-up ------------------------------------------------------------------------
+    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+        plan, group = self.plan, self._group
+        assert plan.start_method is not None
+        ctx = multiprocessing.get_context(plan.start_method)
+        if plan.start_method == "forkserver":
+            self.warnings += prepare_forkserver(ctx, plan.preload)
+        master_port = free_port()
+        death_r, death_w = ctx.Pipe(duplex=False)
+        group.death_w = death_w
+        for rank in range(plan.world_size):
+            options = self._child_options(rank, extension, init_distributed, master_port)
+            self._spawn(ctx, rank, options, death_r, death_w)
+        death_r.close()
+        self._await_ready()
+        group.wake_r, group.wake_w = ctx.Pipe(duplex=False)
+        group.monitor = threading.Thread(target=group.watch, name="hwlaunch-monitor", daemon=True)
+        group.monitor.start()
+
+    def _child_options(
+        self, rank: int, extension: bytes | str | None, init_distributed: bool, master_port: int
+    ) -> dict[str, Any]:
+        """The keywords of ``worker_main`` for one rank (without its pipes)."""
+        plan, master_addr = self.plan, "127.0.0.1"
+        # fork and spawn children start from this process's environment as it is now; the fork
+        # server's children from the server's, as it was when the server started. Sending ours
+        # makes every start method see the same variables.
+        forkserver = plan.start_method == "forkserver"
+        environ = dict(os.environ) if forkserver else {}
+        # One node: gloo's sockets stay on loopback (by default they bind the address the host
+        # name resolves to, often an external one). The user's own setting wins.
+        if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
+            environ["GLOO_SOCKET_IFNAME"] = "lo"
+        return dict(
+            rank=rank,
+            local_rank=rank,
+            plan=plan,
+            extension=extension,
+            master_addr=master_addr,
+            master_port=master_port,
+            init_distributed=init_distributed,
+            env=environ | worker_environment(plan, rank, rank, master_addr, master_port),
+            replace_environ=forkserver,
+            # The kernel sends PR_SET_PDEATHSIG when the *thread* that forked the child ends:
+            # only safe from the main thread, or from the fork server's.
+            pdeathsig=threading.current_thread() is threading.main_thread() or forkserver,
+            parent_pid=None if forkserver else os.getpid(),
+        )
+
+    def _spawn(
+        self,
+        ctx: BaseContext,
+        rank: int,
+        options: dict[str, Any],
+        death_r: Connection,
+        death_w: Connection,
+    ) -> None:
+        group = self._group
+        parent_conn, child_conn = ctx.Pipe()
+        group.conns.append(parent_conn)
+        inherited: tuple[int, ...] = ()
+        if self.plan.start_method == "fork":
+            inherited = (death_w.fileno(), *(c.fileno() for c in group.conns))
+        process = ctx.Process(  # type: ignore[attr-defined]
+            target=worker_main,
+            name=f"hwlaunch-{self.plan.backend}-rank{rank}",
+            kwargs=dict(options, conn=child_conn, death_r=death_r, inherited_fds=inherited),
+            daemon=False,
+        )
+        with _global_start_method_kept():
+            process.start()
+        group.processes.append(process)
+        group.pids.append(process.pid)
+        group.identities.append(process_tree.identify(process.pid))
+        child_conn.close()
+        self._status(rank, "started")
+
+    def _await_ready(self) -> None:
+        """Wait for every rank's ready message; the first failure raises WorkerStartupError."""
+        group = self._group
+        sentinels = {p.sentinel: rank for rank, p in enumerate(group.processes)}
+        pending = {conn: rank for rank, conn in enumerate(group.conns)}
+
+        def wait(conns: list[Connection], remaining: float | None) -> list[Connection]:
+            alive = [s for s, r in sentinels.items() if group.conns[r] in conns]
+            ready = connection.wait([*conns, *alive], timeout=remaining)
+            for obj in ready:
+                if isinstance(obj, int) and not group.conns[sentinels[obj]].poll():
+                    raise self._startup_death(sentinels[obj])
+            return [obj for obj in ready if not isinstance(obj, int)]  # type: ignore[misc]
+
+        def take(conn: Connection, rank: int) -> bool:
+            try:
+                kind, value = pickle.loads(conn.recv_bytes())
+            except (EOFError, OSError):
+                raise self._startup_death(rank) from None
+            if kind == "startup_error":
+                raise startup_failure(rank, value)
+            self._status(rank, "ready")
+            return True
+
+        gather(pending, wait, take, self.startup_timeout, self._startup_timed_out)
+
+    def _startup_death(self, rank: int) -> WorkerStartupError:
+        process = self._group.processes[rank]
+        process.join(EXIT_CODE_WAIT)
+        return WorkerStartupError(
+            rank,
+            f"the process (pid {process.pid}) ended while starting, without a Python "
+            f"exception: {describe_exitcode(process.exitcode)}",
+        )
+
+    # -- RPC -----------------------------------------------------------------------------
+    def _exchange(
+        self, request: Request, label: str, timeout: float | None
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        group = self._group
+        payload = dumps(request)
+        group.await_cleanup()
+        with group.lock:
+            if group.closing:
+                raise group.died or self._closed_during(label)
+            group.rpc_thread = threading.get_ident()
+        try:
+            self._rpc_id += 1
+            return self._send_and_collect(self._rpc_id, payload, label, timeout)
+        finally:
+            group.leave_rpc()
+
+    def _send_and_collect(
+        self, rpc_id: int, payload: bytes, label: str, timeout: float | None
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        group = self._group
+        request = pickle.dumps(("call", rpc_id, payload))
+        for rank, conn in enumerate(group.conns):
+            try:
+                conn.send_bytes(request)
+            except OSError:
+                raise self._lost(rank, label) from None
+        results: list[Any] = [None] * group.world_size
+        failures: dict[int, Failure] = {}
+        sentinels = {p.sentinel: rank for rank, p in enumerate(group.processes)}
+
+        def wait(conns: list[Connection], remaining: float | None) -> list[Connection]:
+            ready: list[Any] = connection.wait([*conns, *sentinels], timeout=remaining)
+            for obj in ready:  # replies first: a worker may answer, then end
+                if not isinstance(obj, int):
+                    take_reply(obj, by_conn[obj])
+            for obj in ready:
+                if isinstance(obj, int):
+                    raise self._lost(sentinels[obj], label)
+            return []
+
+        def take_reply(conn: Connection, rank: int) -> None:
+            try:
+                data = conn.recv_bytes()
+            except (EOFError, OSError):
+                raise self._lost(rank, label) from None
+            try:
+                reply_id, ok, value = loads(data)
+            except Exception as exc:  # e.g. a result whose class the parent cannot import
+                reply_id, ok, value = rpc_id, False, Failure.current(exc)
+            if reply_id != rpc_id:
+                return  # a stale reply: this rank's answer is still to come
+            del pending[conn]
+            if ok:
+                results[rank] = value
+            else:
+                failures[rank] = value
+
+        pending = {conn: rank for rank, conn in enumerate(group.conns)}
+        by_conn = dict(pending)
+        gather(
+            pending,
+            wait,
+            lambda conn, rank: False,
+            timeout,
+            lambda ranks: self._timed_out(label, ranks, timeout),
+        )
+        return results, failures
+
+    def _lost(self, rank: int, label: str) -> Exception:
+        """A worker's pipe or process ended during an RPC: its death, or our own shutdown."""
+        died = self._group.record_death(rank)
+        if died is None:
+            return self._closed_during(label)
+        self._died = self._died or died
+        self._close(f"worker rank {died.rank} died")
+        return died
+
+    # -- state and stop ------------------------------------------------------------------
+    def _raise_if_closed(self) -> None:
+        group = self._group
+        group.await_cleanup()
+        with group.lock:
+            died, closing, because = group.died, group.closing, group.closed_because
+        if died is not None:
+            self._died = self._died or died
+        if closing:
+            self._close(because)
+        super()._raise_if_closed()
+
+    def check_health(self) -> None:
+        self._raise_if_closed()
+        ended = [r for r, p in enumerate(self._group.processes) if p.exitcode is not None]
+        if ended:
+            raise self._lost(ended[0], "check_health")
+        super().check_health()
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
+        # On the group, not self: the group's finalizer must not keep the executor alive.
+        self._group.on_death = callback
+
+    def _stop(self, polite: bool = True) -> None:
+        self._finalizer.cancel()
+        # returns at once, or waits for a shutdown in progress elsewhere
+        self._group.shutdown(polite=polite, reason=self._closed_because)

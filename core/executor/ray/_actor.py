@@ -1,0 +1,86 @@
+"""What runs inside each Ray actor: one rank, hosting the backend's Worker.
+
+Worker-side code: it builds and calls the worker through ``hwlaunch.executor._runtime`` exactly
+as the mp child does, so errors and semantics match.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.executor.base import free_port
+from hwlaunch.executor.ray._cluster import import_ray
+from hwlaunch.plan import Plan
+from hwlaunch.worker import Worker
+
+__all__ = ["RankActor"]
+
+
+class RankActor:
+    """One rank inside a Ray actor process: hosts the backend's Worker."""
+
+    def __init__(self) -> None:
+        self.worker: Worker | None = None
+
+    def place(self, resource: str, want_port: bool) -> dict[str, Any]:
+        """Where this actor runs, the devices Ray gave it, and (rank 0) a rendezvous port."""
+        ray = import_ray()
+        context = ray.get_runtime_context()
+        node_id = context.get_node_id()
+        # The address the node was started with (127.0.0.1 for hwlaunch's local instance), not
+        # get_node_ip_address(), which answers with the machine's routable address.
+        ip = next(
+            (n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
+            ray.util.get_node_ip_address(),
+        )
+        return {
+            "node_id": node_id,
+            "node_ip": ip,
+            "pid": os.getpid(),
+            "device_ids": [str(i) for i in context.get_accelerator_ids().get(resource, [])],
+            "port": free_port(ip) if want_port else None,
+        }
+
+    def start(
+        self,
+        env: dict[str, str],
+        plan: Plan,
+        extension: bytes | str | None,
+        rank: int,
+        local_rank: int,
+        master_addr: str,
+        master_port: int,
+        init_distributed: bool,
+    ) -> Failure | None:
+        """Build the worker and run its start-up lifecycle; a failure comes back as data."""
+        os.environ.update(env)
+        try:
+            self.worker = start_worker(
+                plan,
+                extension,
+                rank=rank,
+                local_rank=local_rank,
+                master_addr=master_addr,
+                master_port=master_port,
+                init_distributed=init_distributed,
+            )
+        except BaseException as exc:
+            return Failure.current(exc)
+        return None
+
+    def call(self, payload: bytes) -> bytes:
+        """One RPC: ``(ok, result or Failure)``, pickled here so an unpicklable result is a
+        WorkerError, as under the mp executor."""
+        return answer(self.worker, payload)
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.shutdown()
+
+    def watch(self) -> None:
+        """Never returns: Ray fails this call when the actor dies (its process killed, its node
+        lost). It runs in a concurrency group of its own, so calls still run one at a time."""
+        threading.Event().wait()

@@ -1,0 +1,385 @@
+"""The ray executor: one Ray actor per rank, placed by a placement group, across nodes.
+
+Ray is an optional dependency (``pip install 'hwlaunch[ray]'``), imported only here and only
+when this executor runs. The connection is ``_cluster``'s, the placement ``_placement``'s, and
+what runs inside each actor ``_actor``'s.
+
+Liveness between calls: each actor also runs ``watch``, a call that never returns, in a
+concurrency group of its own (so RPCs still run one at a time, on the actor's default
+thread). Ray fails that call the moment it learns that the actor died (its process killed,
+its node lost); a monitor thread waiting on these calls marks the executor dead then, so
+``check_health()`` and the next RPC fail at once, and a restart controller is told.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib
+import os
+import re
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from hwlaunch.errors import BackendUnavailableError, WorkerDiedError, WorkerStartupError
+from hwlaunch.executor._runtime import Failure, Request, dumps, loads
+from hwlaunch.executor.base import Executor, StatusCallback, gather, worker_environment
+from hwlaunch.executor.ray._actor import RankActor
+from hwlaunch.executor.ray._cluster import connect, import_ray, release
+from hwlaunch.executor.ray._placement import (
+    RankNode,
+    actor_resources,
+    local_ranks,
+    node_visibility,
+    placement_error,
+    placement_strategy,
+    rank_order,
+)
+from hwlaunch.plan import Plan
+
+__all__ = ["RayExecutor"]
+
+SHUTDOWN_GRACE = 5.0
+WATCH_GROUP = "hwlaunch_watch"  # the actors' concurrency group for watch()
+MONITOR_POLL = 0.5  # seconds between the monitor's checks that the executor is still open
+# Ray copies arguments up to this size into each call; a larger payload is put in the object
+# store once and shared by every rank.
+INLINE_ARGS_LIMIT = 100 * 1024
+_EXIT_TYPE = re.compile(r"exit type: (\w+)", re.IGNORECASE)
+
+
+def ray_reason(exc: BaseException) -> str:
+    """A short cause from Ray's (long) actor-death message."""
+    text = str(exc)
+    found = _EXIT_TYPE.search(text)
+    if found:
+        return f"Ray worker exit type {found.group(1)}"
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+class _ActorGroup:
+    """The actors and placement group of one executor; shut down by it or by its finalizer.
+
+    Kept apart from the executor object so that the finalizer holds no reference to it.
+    """
+
+    def __init__(self, ray: Any, owns_connection: bool) -> None:
+        self.ray = ray
+        self.owns_connection = owns_connection
+        self.pg: Any = None
+        self.actors: list[Any] = []
+        self.nodes: list[RankNode] = []
+        self.closed = False
+        self.busy = False
+        self.lock = threading.Lock()
+        self.died: WorkerDiedError | None = None  # the first unexpected death
+        self.released = False  # this group's use of the connection has ended
+        self.monitor: threading.Thread | None = None
+        self.on_death: Callable[[WorkerDiedError], None] | None = None  # the restart controller
+
+    # -- deaths --------------------------------------------------------------------------
+    def record_death(self, rank: int, exc: BaseException) -> WorkerDiedError | None:
+        """The first death of an actor (None when the group was closed on purpose)."""
+        with self.lock:
+            if self.died is None and not self.closed:
+                node = self.nodes[rank] if rank < len(self.nodes) else None
+                where = (
+                    f"Ray actor on node {node.node_ip} (id {node.node_id[:12]}), {ray_reason(exc)}"
+                    if node
+                    else f"Ray actor, {ray_reason(exc)}"
+                )
+                self.died = WorkerDiedError(rank, node.pid if node else None, None, where)
+            return self.died
+
+    def start_monitor(self) -> None:
+        """Watch every actor between (and during) calls; see the module docstring."""
+        refs = {
+            actor.watch.options(concurrency_group=WATCH_GROUP).remote(): rank
+            for rank, actor in enumerate(self.actors)
+        }
+        self.monitor = threading.Thread(
+            target=self._watch, args=(refs,), name="hwlaunch-ray-monitor", daemon=True
+        )
+        self.monitor.start()
+
+    def _watch(self, refs: dict[Any, int]) -> None:
+        ray = self.ray
+        errors = importlib.import_module("ray.exceptions")
+        ready: list[Any] = []
+        while not self.closed:
+            try:
+                ready, _ = ray.wait(list(refs), num_returns=1, timeout=MONITOR_POLL)
+                if ready:
+                    ray.get(ready[0])
+            except errors.RayActorError as exc:
+                died = self.record_death(refs[ready[0]], exc)
+                if died is not None:
+                    self.shutdown(polite=False, keep_connection=self.on_death is not None)
+                    if self.on_death is not None:
+                        self.on_death(died)
+                return
+            except Exception:  # Ray is going away (interpreter exit, a disconnect)
+                return
+
+    def shutdown(self, polite: bool = True, *, keep_connection: bool = False) -> None:
+        """Let workers leave the process group, then kill the actors and free the placement
+        group. Idempotent; never hangs; quiet when Ray is already gone (interpreter exit).
+
+        ``keep_connection``: a restart follows; the connection (perhaps a local Ray instance)
+        stays for the next group, and the executor's own shutdown, which the controller
+        calls, ends it.
+        """
+        with self.lock:
+            first = not self.closed
+            self.closed = True
+            release_now = self.owns_connection and not keep_connection and not self.released
+            self.released = self.released or release_now
+        ray = self.ray
+        if not first:
+            if release_now:
+                release(ray)
+            return
+        try:
+            if not ray.is_initialized():
+                return  # Ray's own shutdown already ended every actor and placement group
+            if polite and not self.busy and self.actors:
+                refs = [actor.stop.remote() for actor in self.actors]
+                ray.wait(refs, num_returns=len(refs), timeout=SHUTDOWN_GRACE)
+            for actor in self.actors:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+            if self.pg is not None:
+                with contextlib.suppress(Exception):
+                    ray.util.remove_placement_group(self.pg)
+            if self.monitor is not None and self.monitor is not threading.current_thread():
+                self.monitor.join(MONITOR_POLL * 4)  # done with Ray before the connection ends
+        finally:
+            if release_now:
+                release(ray)
+
+
+class RayExecutor(Executor):
+    """Workers as Ray actors, one per rank, in a placement group that may span nodes."""
+
+    def __init__(
+        self,
+        plan: Plan,
+        worker_extension: type | str | None = None,
+        *,
+        init_distributed: bool = True,
+        startup_timeout: float | None = None,
+        on_status: StatusCallback | None = None,
+    ) -> None:
+        ray = import_ray(loopback=plan.ray_address is None)
+        connection_warnings: list[str] = []
+        self._group = _ActorGroup(ray, connect(ray, plan, connection_warnings))
+        self._finalizer = weakref.finalize(self, self._group.shutdown)
+        # Registered after Ray's own exit hook, so it runs before Ray disconnects.
+        atexit.register(self._finalizer)
+        self._errors = importlib.import_module("ray.exceptions")
+        self._pending_warnings = connection_warnings
+        super().__init__(
+            plan,
+            worker_extension,
+            init_distributed=init_distributed,
+            startup_timeout=startup_timeout,
+            on_status=on_status,
+        )
+
+    @property
+    def nodes(self) -> list[RankNode]:
+        """Where each rank runs (node id, node IP, pid, local rank), in rank order."""
+        return list(self._group.nodes)
+
+    @property
+    def pids(self) -> list[int]:
+        return [node.pid for node in self._group.nodes]
+
+    # -- start-up ------------------------------------------------------------------------
+    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+        self.warnings += self._pending_warnings
+        group, plan, ray = self._group, self.plan, self._group.ray
+        strategy = placement_strategy(plan)
+        group.pg = ray.util.placement_group(
+            [{plan.ray_resource: 1.0} for _ in range(plan.world_size)],
+            strategy=strategy,
+            name=f"hwlaunch-{plan.backend}-{os.getpid()}-{id(self):x}",
+        )
+        # ray.wait, not pg.wait(), which truncates its timeout to whole seconds.
+        placed, _ = ray.wait([group.pg.ready()], timeout=plan.ray_pg_timeout)
+        if not placed:
+            raise BackendUnavailableError(placement_error(ray, plan, strategy))
+        deadline = time.monotonic() + self.startup_timeout  # from here on, the workers' part
+        table = ray.util.placement_group_table(group.pg)
+        bundle_nodes = {int(b): str(n) for b, n in table["bundles_to_node_id"].items()}
+        order = rank_order(bundle_nodes)
+        node_of_rank = [bundle_nodes[b] for b in order]
+        if plan.nnodes > 1 and len(set(node_of_rank)) != plan.nnodes:
+            self.warnings.append(
+                f"the plan asks for {plan.nnodes} nodes, and Ray placed the {plan.world_size} "
+                f"ranks on {len(set(node_of_rank))} (strategy {strategy} is best-effort)"
+            )
+        local = local_ranks(node_of_rank)
+        self._create_actors(order, local)
+        places = self._await(
+            [a.place.remote(plan.ray_resource, r == 0) for r, a in enumerate(group.actors)],
+            deadline,
+            lambda rank, place: self._status(rank, "started"),
+        )
+        group.nodes = [
+            RankNode(rank, local[rank][0], p["node_id"], p["node_ip"], p["pid"])
+            for rank, p in enumerate(places)
+        ]
+        visible = node_visibility(node_of_rank, [p["device_ids"] for p in places])
+        master = (places[0]["node_ip"], int(places[0]["port"]))
+        starts = [
+            actor.start.remote(
+                self._start_env(master, visible[node_of_rank[rank]]),
+                plan,
+                extension,
+                rank,
+                local[rank][0],
+                *master,
+                init_distributed,
+            )
+            for rank, actor in enumerate(group.actors)
+        ]
+        self._await(starts, deadline, self._started)
+        group.start_monitor()
+
+    def _create_actors(self, order: list[int], local: list[tuple[int, int]]) -> None:
+        """One actor per rank in its bundle, with the rank's variables from process start."""
+        group, plan, ray = self._group, self.plan, self._group.ray
+        strategies = importlib.import_module("ray.util.scheduling_strategies")
+        actor_class = ray.remote(concurrency_groups={WATCH_GROUP: 1})(RankActor)
+        inherited = {k: v for k, v in os.environ.items() if k.startswith("HWLAUNCH_")}
+        for rank, bundle in enumerate(order):
+            env = worker_environment(plan, rank, local[rank][0], "", 0, local[rank][1])
+            for key in ("MASTER_ADDR", "MASTER_PORT", plan.device_control_env_var):
+                env.pop(key or "", None)  # known once the actors are placed: see _start_env
+            group.actors.append(
+                actor_class.options(
+                    **actor_resources(plan.ray_resource),
+                    scheduling_strategy=strategies.PlacementGroupSchedulingStrategy(
+                        placement_group=group.pg, placement_group_bundle_index=bundle
+                    ),
+                    runtime_env={"env_vars": {**inherited, **env}},
+                ).remote()
+            )
+
+    def _start_env(self, master: tuple[str, int], visible: str | None) -> dict[str, str]:
+        """What a rank learns once every actor is placed: the rendezvous and its node's devices
+        (left alone where Ray reported none)."""
+        env = {"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])}
+        var = self.plan.device_control_env_var
+        if var and visible is not None:
+            env[var] = visible
+        return env
+
+    def _started(self, rank: int, failure: Failure | None) -> None:
+        if failure is not None:
+            raise WorkerStartupError(
+                rank, f"{failure.exc_type}: {failure.message}", failure.traceback
+            )
+        self._status(rank, "ready")
+
+    def _await(
+        self, refs: list[Any], deadline: float, on_result: Callable[[int, Any], None]
+    ) -> list[Any]:
+        """Start-up results in rank order; any failure is a WorkerStartupError."""
+        ray, errors = self._group.ray, self._errors
+        results: list[Any] = [None] * len(refs)
+
+        def take(ref: Any, rank: int) -> bool:
+            try:
+                results[rank] = ray.get(ref)
+            except errors.RayActorError as exc:
+                raise WorkerStartupError(
+                    rank, f"the Ray actor died while starting ({ray_reason(exc)})"
+                ) from exc
+            except errors.RayError as exc:
+                raise WorkerStartupError(rank, f"{type(exc).__name__}: {exc}") from exc
+            on_result(rank, results[rank])
+            return True
+
+        gather(
+            {ref: rank for rank, ref in enumerate(refs)},
+            self._wait_one,
+            take,
+            max(deadline - time.monotonic(), 0.0),
+            self._startup_timed_out,
+        )
+        return results
+
+    def _wait_one(self, refs: list[Any], remaining: float | None) -> list[Any]:
+        ready, _ = self._group.ray.wait(refs, num_returns=1, timeout=remaining)
+        return list(ready)
+
+    # -- RPC -----------------------------------------------------------------------------
+    def _exchange(
+        self, request: Request, label: str, timeout: float | None
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        group, ray = self._group, self._group.ray
+        payload = dumps(request)
+        arg = ray.put(payload) if len(payload) > INLINE_ARGS_LIMIT else payload
+        results: list[Any] = [None] * len(group.actors)
+        failures: dict[int, Failure] = {}
+
+        def take(ref: Any, rank: int) -> bool:
+            try:
+                ok, value = loads(ray.get(ref))
+            except self._errors.RayActorError as exc:
+                raise self._actor_died(rank, label, exc) from exc
+            if ok:
+                results[rank] = value
+            else:
+                failures[rank] = value
+            return True
+
+        group.busy = True
+        try:
+            refs = [actor.call.remote(arg) for actor in group.actors]
+            gather(
+                {ref: rank for rank, ref in enumerate(refs)},
+                self._wait_one,
+                take,
+                timeout,
+                lambda ranks: self._timed_out(label, ranks, timeout),
+            )
+        finally:
+            group.busy = False
+        return results, failures
+
+    def _actor_died(self, rank: int, label: str, exc: BaseException) -> Exception:
+        died = self._group.record_death(rank, exc)
+        if died is None:
+            return self._closed_during(label)
+        return self._worker_died(died)
+
+    # -- state and stop ------------------------------------------------------------------
+    def _raise_if_closed(self) -> None:
+        died = self._group.died  # seen by the monitor between calls
+        if died is not None:
+            self._died = self._died or died
+            self._close(f"worker rank {died.rank} died")
+        super()._raise_if_closed()
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
+        # On the group, not self: the group's finalizer must not keep the executor alive.
+        self._group.on_death = callback
+
+    def stop_group(self) -> None:
+        """Kill the actors and free the placement group; keep the connection for a restart."""
+        self._close("the group is being restarted")
+        self._group.shutdown(polite=False, keep_connection=True)
+
+    def _stop(self, polite: bool = True) -> None:
+        keep = self._group.on_death is not None  # a restart controller ends the connection
+        if polite:
+            self._finalizer()
+        else:
+            self._group.shutdown(polite=False, keep_connection=keep)
+        atexit.unregister(self._finalizer)

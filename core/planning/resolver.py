@@ -1,0 +1,83 @@
+"""resolve(): gather the inputs (settings, facts, plugins), then apply the rules.
+
+The rules themselves (``rules.decide``) are pure; this module is where the environment, the
+config file and the probes are read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from hwlaunch.plan import Plan
+from hwlaunch.planning import settings
+from hwlaunch.planning._config import collect_overrides
+from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
+from hwlaunch.planning.registry import Registry, default_registry
+from hwlaunch.planning.rules import decide
+from hwlaunch.planning.settings import Sourced
+
+__all__ = ["decide", "resolve", "resolve_with_sources"]
+
+
+def resolve_with_sources(
+    explicit: Mapping[str, object | None],
+    sources: Mapping[str, str],
+    *,
+    config: str | os.PathLike[str] | None = None,
+    config_source: str = "resolve(config=)",
+    assume: Mapping[str, object] | Iterable[str] | None = None,
+    assume_source: str = "resolve(assume=)",
+    registry: Registry | None = None,
+    defaults: Mapping[str, Sourced[Any]] | None = None,
+) -> Plan:
+    """resolve() for callers (the CLI) that name their own sources, e.g. ``--start-method``,
+    and their own defaults below every user setting."""
+    registry = registry or default_registry()
+    overrides = collect_overrides(explicit, sources, config, config_source, defaults=defaults)
+    specs = registry.specs
+    facts = gather_facts(specs)
+    assumed = parse_assumptions(assume, assume_source)
+    if assumed:
+        facts = apply_assumptions(facts, assumed, assume_source)
+    problems = [
+        f"{p.describe()} failed to load: {p.error} (see `hwlaunch backends`)"
+        for p in registry.failures
+    ]
+    return decide(specs, facts, overrides, problems)
+
+
+def resolve(
+    *,
+    backend: str | None = None,
+    world_size: int | None = None,
+    nnodes: int | None = None,
+    executor: str | None = None,
+    start_method: str | None = None,
+    config: str | os.PathLike[str] | None = None,
+    assume: Mapping[str, object] | Iterable[str] | None = None,
+    ray_address: str | None = None,
+    ray_pg_timeout: float | None = None,
+    startup_timeout: float | None = None,
+    max_restarts: int | None = None,
+) -> Plan:
+    """Decide backend, world size, executor and start method, with a reason for each.
+
+    Explicit arguments beat the environment (``HWLAUNCH_*``), which beats the config file
+    (``config``, ``HWLAUNCH_CONFIG``, ./hwlaunch.toml or ``[tool.hwlaunch]`` in
+    ./pyproject.toml), which beats the backend's rule. ``assume`` replaces probed facts for
+    what-if analysis (``{"cuda.available": True, "cuda.device_count": 2}``).
+    """
+    explicit = {
+        "backend": backend,
+        "world_size": world_size,
+        "nnodes": nnodes,
+        "executor": executor,
+        "start_method": start_method,
+        "ray_address": ray_address,
+        "ray_pg_timeout": ray_pg_timeout,
+        "startup_timeout": startup_timeout,
+        "max_restarts": max_restarts,
+    }
+    return resolve_with_sources(explicit, settings.sources("python"), config=config, assume=assume)

@@ -1,0 +1,243 @@
+"""The settings a user can give, as one table: one row per setting.
+
+A row names the setting's keyword (``resolve(world_size=)`` and the config key), its command-line
+flag, its environment variable, its parser and allowed values. Everything else is generated from
+the table: the ``HWLAUNCH_*`` variables read, the source labels in a plan (``--world-size``,
+``env HWLAUNCH_WORLD_SIZE``, ``resolve(world_size=)``), the keys a config file may hold, and the
+click options of ``hwlaunch resolve`` and ``hwlaunch run``. Adding a setting is adding a row.
+
+Reading settings has no side effects: nothing here writes the environment or any file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from hwlaunch._checks import did_you_mean
+from hwlaunch.errors import ConfigError
+from hwlaunch.plan import EXECUTORS
+from hwlaunch.spec import START_METHODS
+
+if TYPE_CHECKING:
+    from hwlaunch.planning._config import ConfigFile
+
+__all__ = [
+    "BACKEND_TABLE_KEYS",
+    "ENV_CONFIG",
+    "ENV_VARS",
+    "SETTINGS",
+    "TOP_LEVEL_KEYS",
+    "Overrides",
+    "Setting",
+    "Sourced",
+    "parse_setting",
+    "read_environment",
+    "sources",
+]
+
+T = TypeVar("T")
+ENV_CONFIG = "HWLAUNCH_CONFIG"  # the config file to read; --config and config= beat it
+Parser = Callable[[str, object, str], Any]
+
+
+@dataclass(frozen=True)
+class Sourced(Generic[T]):
+    """A value and where it came from."""
+
+    value: T
+    source: str
+
+
+def _text(name: str, raw: object, source: str) -> str:
+    if not isinstance(raw, str) or not raw.strip():
+        raise ConfigError(f"invalid {name} {raw!r} from {source}: must be a non-empty string")
+    return raw.strip()
+
+
+def _number(name: str, raw: object, source: str, kind: type, minimum: float) -> Any:
+    value: Any = raw
+    if isinstance(raw, str):
+        try:
+            value = kind(raw.strip())
+        except ValueError:
+            value = None
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (kind is int and not isinstance(value, int))
+    ):
+        what = "an integer" if kind is int else "a number"
+        raise ConfigError(f"invalid {name} {raw!r} from {source}: must be {what} >= {minimum:g}")
+    if value < minimum or value != value or value == float("inf"):
+        raise ConfigError(f"invalid {name} {raw!r} from {source}: must be >= {minimum:g}")
+    return value
+
+
+def _count(name: str, raw: object, source: str) -> int:
+    return int(_number(name, raw, source, int, 1))
+
+
+def _restarts(name: str, raw: object, source: str) -> int:
+    return int(_number(name, raw, source, int, 0))
+
+
+def _seconds(name: str, raw: object, source: str) -> float:
+    return float(_number(name, raw, source, float, 0.001))
+
+
+def _choice(allowed: tuple[str, ...]) -> Parser:
+    def parse(name: str, raw: object, source: str) -> str:
+        if not isinstance(raw, str) or raw not in allowed:
+            hint = did_you_mean(raw, allowed) if isinstance(raw, str) else ""
+            raise ConfigError(
+                f"invalid {name} {raw!r} from {source}{hint} (allowed: {', '.join(allowed)})"
+            )
+        return raw
+
+    return parse
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the table. ``per_backend``: may also be set in a ``[backends.<name>]`` table;
+    ``default``: the value when no layer sets it (None: the rules decide)."""
+
+    name: str
+    flag: str
+    metavar: str
+    help: str
+    parse: Parser
+    allowed: tuple[str, ...] = ()
+    per_backend: bool = False
+    default: Any = None
+    short: str | None = None
+
+    @property
+    def env_var(self) -> str:
+        return f"HWLAUNCH_{self.name.upper()}"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("backend", "--backend", "NAME", "Backend name (see `hwlaunch backends`).", _text),
+    Setting(
+        "world_size",
+        "--world-size",
+        "N",
+        "Number of workers.",
+        _count,
+        per_backend=True,
+        short="-n",
+    ),
+    Setting(
+        "nnodes",
+        "--nnodes",
+        "N",
+        "Number of nodes (more than 1 means Ray).",
+        _count,
+        per_backend=True,
+    ),
+    Setting(
+        "executor",
+        "--executor",
+        "|".join(EXECUTORS),
+        "How workers are started.",
+        _choice(EXECUTORS),
+        allowed=EXECUTORS,
+        per_backend=True,
+    ),
+    Setting(
+        "start_method",
+        "--start-method",
+        "|".join(START_METHODS),
+        "multiprocessing start method for the mp executor.",
+        _choice(START_METHODS),
+        allowed=START_METHODS,
+        per_backend=True,
+    ),
+    Setting("ray_address", "--ray-address", "ADDR", "Ray cluster to join.", _text),
+    Setting(
+        "ray_pg_timeout",
+        "--ray-pg-timeout",
+        "SECONDS",
+        "Seconds to wait for Ray to place the workers.",
+        _seconds,
+        default=60.0,
+    ),
+    Setting(
+        "startup_timeout",
+        "--startup-timeout",
+        "SECONDS",
+        "Seconds every worker has to become ready.",
+        _seconds,
+        default=600.0,
+    ),
+    Setting(
+        "max_restarts",
+        "--max-restarts",
+        "N",
+        "Times a failed mp or ray worker group is restarted (0: fail-stop).",
+        _restarts,
+        default=0,
+    ),
+)
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+ENV_VARS: dict[str, str] = {s.name: s.env_var for s in SETTINGS}
+TOP_LEVEL_KEYS = (*BY_NAME, "env", "backends")
+BACKEND_TABLE_KEYS = (*(s.name for s in SETTINGS if s.per_backend), "env")
+
+
+def sources(kind: str) -> dict[str, str]:
+    """The label of each setting given explicitly: ``"cli"`` (``--world-size``) or ``"python"``
+    (``resolve(world_size=)``)."""
+    if kind == "cli":
+        return {s.name: s.flag for s in SETTINGS}
+    return {s.name: f"resolve({s.name}=)" for s in SETTINGS}
+
+
+def parse_setting(name: str, raw: object, source: str) -> Any:
+    """Validate one setting's raw value (a string from env/CLI, or a native TOML/Python value)."""
+    if name not in BY_NAME:
+        raise ConfigError(f"unknown setting {name!r} from {source}{did_you_mean(name, BY_NAME)}")
+    return BY_NAME[name].parse(name, raw, source)
+
+
+def read_environment(environ: Mapping[str, str]) -> dict[str, Sourced[Any]]:
+    """The ``HWLAUNCH_*`` settings present (empty values count as unset)."""
+    found: dict[str, Sourced[Any]] = {}
+    for setting in SETTINGS:
+        raw = environ.get(setting.env_var, "")
+        if raw.strip():
+            source = f"env {setting.env_var}"
+            found[setting.name] = Sourced(parse_setting(setting.name, raw, source), source)
+    return found
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """All user-supplied settings, by layer."""
+
+    explicit: dict[str, Sourced[Any]] = field(default_factory=dict)
+    environment: dict[str, Sourced[Any]] = field(default_factory=dict)
+    config: ConfigFile | None = None
+    defaults: dict[str, Sourced[Any]] = field(default_factory=dict)
+
+    def lookup(self, name: str, backend: str | None = None) -> Sourced[Any] | None:
+        """The winning value for ``name``: explicit > env > [backends.<b>] > top-level file >
+        the caller's defaults (``hwlaunch run`` defaults to world size 2)."""
+        if name in self.explicit:
+            return self.explicit[name]
+        if name in self.environment:
+            return self.environment[name]
+        if self.config is not None:
+            if backend is not None and name in self.config.backends.get(backend, {}):
+                return self.config.backends[backend][name]
+            if name in self.config.settings:
+                return self.config.settings[name]
+        return self.defaults.get(name)
+
+    def value(self, name: str, backend: str | None = None) -> Sourced[Any]:
+        """The winning value, or the table's default (source ``default``)."""
+        found = self.lookup(name, backend)
+        return found if found is not None else Sourced(BY_NAME[name].default, "default")

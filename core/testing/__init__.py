@@ -1,0 +1,11 @@
+"""hwlaunch.testing: the conformance suite a backend plugin runs from its own pytest suite.
+
+Subclass :class:`BackendConformance` in a test module and name the backend (see its docstring).
+This package imports pytest; ``import hwlaunch`` never imports it.
+"""
+
+from __future__ import annotations
+
+from hwlaunch.testing._conformance import BackendConformance, LifecycleProbe
+
+__all__ = ["BackendConformance", "LifecycleProbe"]

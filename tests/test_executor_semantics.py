@@ -1,0 +1,150 @@
+"""One set of semantics for every executor: closed, RPC timeout, start-up failure and timeout,
+and a worker's death, for uni, mp under each start method, and ray (real processes, a real local
+Ray instance)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import cloudpickle
+import pytest
+
+import hwlaunch
+from hwlaunch import (
+    Executor,
+    ExecutorClosedError,
+    RpcTimeoutError,
+    Worker,
+    WorkerDiedError,
+    WorkerStartupError,
+)
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_env")]
+
+LOCAL_KINDS = ("uni", "mp-fork", "mp-spawn", "mp-forkserver")
+# Ray actors cannot import this test module: its classes and functions travel by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+class Napper:
+    def nap(self, seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+class FailsToInit:
+    def init_device(self) -> None:
+        raise RuntimeError("no device here")
+
+
+class HangsInInit:
+    def init_device(self) -> None:
+        time.sleep(60)
+
+
+def exit_on_rank0(worker: Worker) -> None:
+    if worker.rank == 0:
+        os._exit(3)
+
+
+@pytest.fixture(scope="module")
+def ray_instance() -> Iterator[None]:
+    """One local Ray instance for the module: the executors join it instead of starting one."""
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=4)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def started() -> Iterator[list[Executor]]:
+    executors: list[Executor] = []
+    yield executors
+    for executor in executors:
+        executor.shutdown()
+
+
+def launch(kind: str, started: list[Executor], **kwargs: Any) -> Executor:
+    executor_name, _, method = kind.partition("-")
+    options: dict[str, Any] = {
+        "backend": "cpu",
+        "executor": executor_name,
+        "world_size": 1 if executor_name == "uni" else 2,
+        "start_method": method or None,
+        "assume": {"main_guard": "guarded"},
+        **kwargs,
+    }
+    executor = hwlaunch.launch(**options)
+    started.append(executor)
+    return executor
+
+
+class Semantics:
+    """The checks; each subclass names the executors it runs them on."""
+
+    def test_closed_executor_raises_executor_closed(
+        self, kind: str, started: list[Executor]
+    ) -> None:
+        executor = launch(kind, started, init_distributed=False)
+        assert executor.collective_rpc("ping") != []
+        executor.shutdown()
+        executor.shutdown()  # idempotent
+        with pytest.raises(ExecutorClosedError, match="shut down"):
+            executor.collective_rpc("ping")
+        with pytest.raises(ExecutorClosedError):
+            executor.check_health()
+
+    def test_rpc_timeout_closes_the_executor(self, kind: str, started: list[Executor]) -> None:
+        executor = launch(kind, started, worker_extension=Napper, init_distributed=False)
+        with pytest.raises(RpcTimeoutError) as info:
+            executor.collective_rpc("nap", args=(30.0,), timeout=0.5)
+        assert info.value.method == "nap"
+        assert info.value.ranks == list(range(executor.world_size))
+        with pytest.raises(ExecutorClosedError, match="'nap' timed out"):
+            executor.collective_rpc("ping")
+
+    def test_startup_failure_is_a_startup_error(self, kind: str, started: list[Executor]) -> None:
+        with pytest.raises(WorkerStartupError, match="RuntimeError: no device here") as info:
+            launch(kind, started, worker_extension=FailsToInit, init_distributed=False)
+        assert "in init_device" in info.value.remote_traceback
+
+    def test_startup_timeout_from_the_environment(
+        self, kind: str, started: list[Executor], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """HWLAUNCH_STARTUP_TIMEOUT is resolved onto the plan and honoured by every executor (the
+        uni executor too: a hanging init_device raises instead of waiting forever)."""
+        monkeypatch.setenv("HWLAUNCH_STARTUP_TIMEOUT", "1.5")
+        began = time.monotonic()
+        with pytest.raises(WorkerStartupError, match=r"not ready within 1\.5s") as info:
+            launch(kind, started, worker_extension=HangsInInit, init_distributed=False)
+        assert "env HWLAUNCH_STARTUP_TIMEOUT" in str(info.value)
+        assert time.monotonic() - began < 45, "the start-up timeout was not honoured"
+
+    def test_worker_death_is_worker_died(self, kind: str, started: list[Executor]) -> None:
+        if kind == "uni":
+            pytest.skip("the uni worker is the caller's own process: it cannot die on its own")
+        executor = launch(kind, started, init_distributed=False)
+        with pytest.raises(WorkerDiedError) as info:
+            executor.collective_rpc(exit_on_rank0, timeout=60)
+        assert info.value.rank == 0
+        with pytest.raises(WorkerDiedError):
+            executor.collective_rpc("ping")
+
+
+class TestLocalExecutors(Semantics):
+    @pytest.fixture(params=LOCAL_KINDS)
+    def kind(self, request: pytest.FixtureRequest) -> str:
+        return str(request.param)
+
+
+# Last in the module: the processes forked above must not inherit Ray's threads.
+class TestRayExecutor(Semantics):
+    @pytest.fixture
+    def kind(self, ray_instance: None) -> str:
+        return "ray"
