@@ -175,6 +175,7 @@ class Plan:
     startup_timeout: float = 600.0
     rpc_channel: str = DEFAULT_RPC_CHANNEL
     rpc_spin: float | None = None  # None: SPIN_WITH_FREE_CPUS if each worker has a CPU, else 0
+    max_restarts: int = 0
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     facts: RuntimeFacts | None = None
@@ -209,6 +210,7 @@ class Plan:
             "startup_timeout": self.startup_timeout,
             "rpc_channel": self.rpc_channel,
             "rpc_spin": self.rpc_spin,
+            "max_restarts": self.max_restarts,
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),
             "facts": self.facts.to_dict() if self.facts is not None else None,

@@ -503,3 +503,63 @@ class TestTwoNodes:
         assert (
             two_nodes.collective_rpc(lambda worker, data: len(data), args=(big,)) == [len(big)] * 2
         )
+
+
+def test_actor_killed_between_rpcs_is_noticed_by_the_monitor(connected: Any) -> None:
+    """No RPC runs: the monitor alone notices the death, within 2 s, naming rank and node."""
+    ex = RayExecutor(cluster_plan(world_size=2, nnodes=2))
+    try:
+        assert ex.collective_rpc("ping") == ex.pids
+        victim = ex.nodes[1]
+        killed_at = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        while ex._group.died is None and time.monotonic() - killed_at < 10:
+            time.sleep(0.01)
+        detected = time.monotonic() - killed_at
+        print(f"figure: actor killed between RPCs noticed after {detected * 1000:.0f} ms")
+        assert detected < 2.0
+        with pytest.raises(WorkerDiedError) as info:
+            ex.check_health()
+        assert info.value.rank == 1 and info.value.pid == victim.pid
+        assert victim.node_ip in str(info.value) and victim.node_id[:12] in str(info.value)
+        with pytest.raises(WorkerDiedError):
+            ex.collective_rpc("ping")
+        assert_released(ex)
+    finally:
+        ex.shutdown()
+
+
+def test_actor_killed_between_rpcs_restarts_the_group(connected: Any) -> None:
+    """max_restarts=1: the monitor notices within 2 s; a new placement group and new actors
+    replay the setup call; later RPCs reach them."""
+    import hwlaunch
+
+    def load(worker: Any) -> None:
+        worker.model = 40 + worker.rank
+
+    executor = hwlaunch.launch(cluster_plan(world_size=2, nnodes=2, max_restarts=1))
+    try:
+        executor.collective_rpc(load, setup=True)
+        victim = executor.nodes[1]
+        killed_at = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        while not executor.plan.warnings and time.monotonic() - killed_at < 10:
+            time.sleep(0.01)
+        detected = time.monotonic() - killed_at
+        pids = executor.pids  # waits for the restart in progress
+        replaced = time.monotonic() - killed_at
+        print(
+            f"figure: ray actor killed: noticed {detected:.2f} s, new group after {replaced:.2f} s"
+        )
+        assert detected < 2.0
+        note = executor.plan.warnings[0]
+        assert note.startswith("restart 1 of 1: worker rank 1") and victim.node_id[:12] in note
+        assert executor.restarts == 1 and victim.pid not in pids
+        got = executor.collective_rpc(
+            lambda worker: (worker.model, os.environ["RESTART_COUNT"], worker.all_reduce_rank())
+        )
+        assert got == [(40, "1", 1), (41, "1", 1)]
+        assert wait_gone([victim.pid]) == []
+    finally:
+        executor.shutdown()
+    assert set(our_placement_groups().values()) <= {"REMOVED"}

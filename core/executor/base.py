@@ -62,6 +62,8 @@ class Executor(ABC):
     closed it. ``startup_timeout`` (seconds) overrides the plan's.
     """
 
+    restarts: int = 0  # groups replaced after a failure (max_restarts); 0 when fail-stop
+
     def __init__(
         self,
         plan: Plan,
@@ -129,6 +131,7 @@ class Executor(ABC):
         *,
         non_block: bool = False,
         unique_reply_rank: int | None = None,
+        setup: bool = False,
     ) -> Any:
         """Run ``method`` on every rank; results come back in rank order.
 
@@ -143,7 +146,12 @@ class Executor(ABC):
         ``non_block=True`` returns at once a ``concurrent.futures.Future`` of what the call
         would have returned (or raised), so the caller can overlap its own work; calls run
         one after another in the order they were made, blocking or not.
+
+        ``setup=True`` marks a call that prepares the workers (loading a model): with
+        ``max_restarts``, a restarted group replays every such call, in order, before it takes
+        other calls. Without restarts it changes nothing.
         """
+        del setup  # recorded by the restart controller (executor.restart), which wraps this one
         self._check_reply_rank(unique_reply_rank)
         request: Request = (encode_method(method), tuple(args), dict(kwargs or {}))
         label = method_label(method)
@@ -193,6 +201,17 @@ class Executor(ABC):
         """Stop every worker; never hangs; safe to call more than once."""
         self._close("shutdown() was called")
         self._stop()
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
+        """Have ``callback(error)`` called, from a monitor thread, when a worker dies between
+        or during calls. Used by the restart controller; uni has no monitor and never calls it."""
+        del callback
+
+    def stop_group(self) -> None:
+        """Stop every worker before a restart; resources the next group reuses may stay
+        (the ray executor's connection). ``shutdown()`` still follows."""
+        self._close("the group is being restarted")
+        self._stop(polite=False)
 
     def __enter__(self) -> Executor:
         return self

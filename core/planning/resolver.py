@@ -67,6 +67,7 @@ def resolve(
     startup_timeout: float | None = None,
     rpc_channel: str | None = None,
     rpc_spin: float | None = None,
+    max_restarts: int | None = None,
 ) -> Plan:
     """Decide backend, world size, executor and start method, with a reason for each.
 
@@ -86,5 +87,6 @@ def resolve(
         "startup_timeout": startup_timeout,
         "rpc_channel": rpc_channel,
         "rpc_spin": rpc_spin,
+        "max_restarts": max_restarts,
     }
     return resolve_with_sources(explicit, settings.sources("python"), config=config, assume=assume)

@@ -74,6 +74,7 @@ def decide(
         startup_timeout=startup.value,
         rpc_channel=rpc_channel,
         rpc_spin=rpc_spin,
+        max_restarts=max_restarts(executor, overrides, notes),
         decisions=tuple(notes.decisions),
         warnings=tuple(dict.fromkeys(notes.warnings)),
         facts=facts,
@@ -81,6 +82,27 @@ def decide(
         propagate_env=spec.propagate_env,
         ray_noset_visibility_var=spec.ray_noset_visibility_var if executor == "ray" else None,
     )
+
+
+def max_restarts(executor: str, overrides: Overrides, notes: Notes) -> int:
+    """How often a failed worker group is restarted (0: fail-stop); uni never restarts."""
+    found = overrides.value("max_restarts")
+    value = int(found.value)
+    if executor == "uni" and value:
+        notes.warnings.append(
+            f"max_restarts {value} (from {found.source}) is not used: the uni executor runs "
+            "the worker in this process, which a restart cannot replace"
+        )
+        value = 0
+    notes.note(
+        "max_restarts",
+        value,
+        found.source,
+        "fail-stop: the first worker death ends the executor"
+        if value == 0
+        else "a failed worker group is stopped and started again, this many times at most",
+    )
+    return value
 
 
 # -- backend -------------------------------------------------------------------------------

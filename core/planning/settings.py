@@ -79,6 +79,10 @@ def _count(name: str, raw: object, source: str) -> int:
     return int(_number(name, raw, source, int, 1))
 
 
+def _restarts(name: str, raw: object, source: str) -> int:
+    return int(_number(name, raw, source, int, 0))
+
+
 def _seconds(name: str, raw: object, source: str) -> float:
     return float(_number(name, raw, source, float, 0.001))
 
@@ -188,6 +192,14 @@ SETTINGS: tuple[Setting, ...] = (
         "SECONDS",
         "Seconds a side of the shm channel polls before it blocks (default: by free CPUs).",
         _spin,
+    ),
+    Setting(
+        "max_restarts",
+        "--max-restarts",
+        "N",
+        "Times a failed mp or ray worker group is restarted (0: fail-stop).",
+        _restarts,
+        default=0,
     ),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

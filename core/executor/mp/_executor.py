@@ -16,14 +16,14 @@ import pickle
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.util import Finalize
 from typing import Any
 
-from hwlaunch.errors import WorkerStartupError, describe_exitcode
+from hwlaunch.errors import WorkerDiedError, WorkerStartupError, describe_exitcode
 from hwlaunch.executor._runtime import Failure, Request, dumps, loads
 from hwlaunch.executor.base import (
     Executor,
@@ -33,6 +33,7 @@ from hwlaunch.executor.base import (
     startup_failure,
     worker_environment,
 )
+from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._child import worker_main
 from hwlaunch.executor.mp._forkserver import prepare_forkserver
 from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
@@ -187,6 +188,7 @@ class MultiprocExecutor(Executor):
             process.start()
         group.processes.append(process)
         group.pids.append(process.pid)
+        group.identities.append(process_tree.identify(process.pid))
         child_conn.close()
         self._status(rank, "started")
 
@@ -231,6 +233,7 @@ class MultiprocExecutor(Executor):
     ) -> tuple[list[Any], dict[int, Failure]]:
         group = self._group
         payload = dumps(request)
+        group.await_cleanup()
         with group.lock:
             if group.closing:
                 raise group.died or self._closed_during(label)
@@ -298,6 +301,7 @@ class MultiprocExecutor(Executor):
     # -- state and stop ------------------------------------------------------------------
     def _raise_if_closed(self) -> None:
         group = self._group
+        group.await_cleanup()
         with group.lock:
             died, closing, because = group.died, group.closing, group.closed_because
         if died is not None:
@@ -312,6 +316,10 @@ class MultiprocExecutor(Executor):
         if ended:
             raise self._lost(ended[0], "check_health")
         super().check_health()
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
+        # On the group, not self: the group's finalizer must not keep the executor alive.
+        self._group.on_death = callback
 
     def _stop(self, polite: bool = True) -> None:
         self._finalizer.cancel()

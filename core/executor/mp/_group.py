@@ -9,11 +9,15 @@ import contextlib
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+import psutil
+
 from hwlaunch.errors import WorkerDiedError
+from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._pipe_channel import Channel
 from hwlaunch.executor.mp._shm_channel import ChannelLost
 
@@ -40,6 +44,7 @@ class WorkerGroup:
         self.world_size = world_size
         self.processes: list[BaseProcess] = []
         self.pids: list[int | None] = []
+        self.identities: list[psutil.Process | None] = []  # pid + start time, for sweeps
         self.conns: list[Connection] = []
         self.channel: Channel | None = None  # carries requests and replies once started
         self.death_w: Connection | None = None
@@ -48,6 +53,7 @@ class WorkerGroup:
         self.monitor: threading.Thread | None = None
         self.lock = threading.Lock()
         self.died: WorkerDiedError | None = None  # the first unexpected death
+        self.on_death: Callable[[WorkerDiedError], None] | None = None  # the restart controller
         self.closing = False  # shutdown has begun
         self.closed_because = "shutdown() was called"
         self.finished = threading.Event()  # shutdown has ended: every worker is gone
@@ -80,7 +86,9 @@ class WorkerGroup:
             return
         rank = min(sentinels[s] for s in ready if isinstance(s, int) and s in sentinels)
         # Not waiting: a shutdown already in progress elsewhere joins this thread.
-        self.record_death(rank, wait=False)
+        died = self.record_death(rank, wait=False)
+        if died is not None and self.on_death is not None:
+            self.on_death(died)
 
     # -- shutdown ------------------------------------------------------------------------
     def shutdown(
@@ -114,6 +122,16 @@ class WorkerGroup:
             self.finished.set()
 
     def _stop_workers(self, polite: bool) -> None:
+        # Each worker kills its own descendants on the way out; what a worker that was killed
+        # (or that could not finish) left behind is swept here once it has ended.
+        seen = [process_tree.descendants(worker) for worker in self.identities]
+        try:
+            self._end_workers(polite)
+        finally:
+            for worker, found in zip(self.identities, seen, strict=True):
+                process_tree.sweep(worker, found)
+
+    def _end_workers(self, polite: bool) -> None:
         if self.wake_w is not None:
             with contextlib.suppress(OSError):
                 self.wake_w.send_bytes(b"stop")  # the monitor stops watching
@@ -161,6 +179,12 @@ class WorkerGroup:
         for rank, process in enumerate(self.processes):
             if process.exitcode is not None:
                 raise ChannelLost(rank)
+
+    def await_cleanup(self) -> None:
+        """A shutdown in progress (after a death, from another thread) ends first, so that an
+        error raised after it describes a group whose processes, descendants too, are gone."""
+        if self.closing:
+            self.finished.wait(SHUTDOWN_GRACE + 3 * SIGNAL_GRACE)
 
     def leave_rpc(self) -> None:
         """The RPC thread is done with the pipes; close them if a shutdown left that to it."""
