@@ -18,6 +18,11 @@ from hwlaunch.spec import StartMethod
 # An executor is named by its registered ExecutorSpec (built-in or a plugin's): any string the
 # registry knows, checked when a plan is resolved.
 ExecutorName = str
+RPC_CHANNELS = ("shm", "pipe")
+DEFAULT_RPC_CHANNEL = "shm"  # measured faster than pipes (docs/performance.md, "RPC channel")
+# Seconds a waiting side of the shm channel polls before it blocks, where every worker has a CPU
+# of its own; where they do not, polling workers would take CPU from working ones.
+SPIN_WITH_FREE_CPUS = 0.05
 MainGuardStatus = Literal[
     "guarded", "unguarded", "no-main-file", "not-reimportable", "reimporting", "unknown"
 ]
@@ -230,6 +235,9 @@ class Plan:
     ray_address: str | None = None
     ray_pg_timeout: float = 60.0
     startup_timeout: float = 600.0
+    rpc_channel: str = DEFAULT_RPC_CHANNEL
+    rpc_spin: float | None = None  # None: SPIN_WITH_FREE_CPUS if each worker has a CPU, else 0
+    max_restarts: int = 0
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     facts: RuntimeFacts | None = None
@@ -262,6 +270,9 @@ class Plan:
             "ray_address": self.ray_address,
             "ray_pg_timeout": self.ray_pg_timeout,
             "startup_timeout": self.startup_timeout,
+            "rpc_channel": self.rpc_channel,
+            "rpc_spin": self.rpc_spin,
+            "max_restarts": self.max_restarts,
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),
             "facts": self.facts.to_dict() if self.facts is not None else None,

@@ -65,6 +65,13 @@ FAILURES: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
             "'hwlaunch_register_backend' (did you mean 'hwlaunch_register_backends'?)",
         ),
     ),
+    ("hookwraps", "hwlaunch-hook-raises"): (
+        "0.2.0",
+        (
+            "declares hwlaunch_register_backends as a hook wrapper",
+            "use a plain @hwlaunch.hookimpl",
+        ),
+    ),
     ("badspec", "hwlaunch-bad-spec"): (
         "0.3.0",
         ("invalid BackendSpec field 'worker'", "'not an import path'"),

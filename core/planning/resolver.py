@@ -65,6 +65,9 @@ def resolve(
     ray_address: str | None = None,
     ray_pg_timeout: float | None = None,
     startup_timeout: float | None = None,
+    rpc_channel: str | None = None,
+    rpc_spin: float | None = None,
+    max_restarts: int | None = None,
 ) -> Plan:
     """Decide backend, world size, executor and start method, with a reason for each.
 
@@ -82,5 +85,8 @@ def resolve(
         "ray_address": ray_address,
         "ray_pg_timeout": ray_pg_timeout,
         "startup_timeout": startup_timeout,
+        "rpc_channel": rpc_channel,
+        "rpc_spin": rpc_spin,
+        "max_restarts": max_restarts,
     }
     return resolve_with_sources(explicit, settings.sources("python"), config=config, assume=assume)

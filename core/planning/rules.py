@@ -13,7 +13,7 @@ from typing import Any
 from hwlaunch._checks import did_you_mean, unknown_name_message
 from hwlaunch.errors import BackendUnavailableError, ConfigError
 from hwlaunch.executor_spec import ExecutorSpec
-from hwlaunch.plan import ExecutorName, Plan, RuntimeFacts
+from hwlaunch.plan import SPIN_WITH_FREE_CPUS, ExecutorName, Plan, RuntimeFacts
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
@@ -49,20 +49,13 @@ def decide(
     _note_backend_rules(spec, notes)
     _note_binding(spec, executor, notes)
     env = worker_env(spec, overrides, notes)
-    preload: tuple[str, ...] = ()
-    if method == "forkserver":
-        preload = preload_of(spec)
-        notes.note(
-            "preload",
-            list(preload),
-            f"rule of backend {spec.name}",
-            "imported once by the fork server so workers start fast",
-        )
+    preload = _preload(spec, method, notes)
     ray_address, pg_timeout = _ray_settings(executor, overrides, notes)
     startup = overrides.value("startup_timeout", spec.name)
     notes.note(
         "startup_timeout", startup.value, startup.source, "seconds every worker has to be ready"
     )
+    rpc_channel, rpc_spin = _rpc_settings(executor, overrides, notes)
     return Plan(
         backend=spec.name,
         world_size=world.value,
@@ -78,6 +71,9 @@ def decide(
         ray_address=ray_address,
         ray_pg_timeout=pg_timeout,
         startup_timeout=startup.value,
+        rpc_channel=rpc_channel,
+        rpc_spin=rpc_spin,
+        max_restarts=max_restarts(executor, overrides, notes),
         decisions=tuple(notes.decisions),
         warnings=tuple(dict.fromkeys(notes.warnings)),
         facts=facts,
@@ -87,10 +83,52 @@ def decide(
     )
 
 
+def _preload(spec: BackendSpec, method: str | None, notes: Notes) -> tuple[str, ...]:
+    """What the fork server imports; nothing unless the start method is forkserver."""
+    if method != "forkserver":
+        return ()
+    preload = preload_of(spec)
+    notes.note(
+        "preload",
+        list(preload),
+        f"rule of backend {spec.name}",
+        "imported once by the fork server so workers start fast",
+    )
+    return preload
+
+
 def _registered_executors() -> dict[str, ExecutorSpec]:
     from hwlaunch.planning.registry import default_registry
 
     return default_registry().executor_specs
+
+
+def max_restarts(executor: str, overrides: Overrides, notes: Notes) -> int:
+    """How often a failed worker group is restarted (0: fail-stop); only the mp and ray
+    executors restart a group (uni runs in this process; under a launcher it restarts)."""
+    found = overrides.value("max_restarts")
+    value = int(found.value)
+    if executor == "uni" and value:
+        notes.warnings.append(
+            f"max_restarts {value} (from {found.source}) is not used: the uni executor runs "
+            "the worker in this process, which a restart cannot replace"
+        )
+        value = 0
+    elif executor not in ("mp", "ray") and value:
+        notes.warnings.append(
+            f"max_restarts {value} (from {found.source}) is not used: the {executor} executor "
+            "does not restart worker groups (under a launcher, restarts are the launcher's)"
+        )
+        value = 0
+    notes.note(
+        "max_restarts",
+        value,
+        found.source,
+        "fail-stop: the first worker death ends the executor"
+        if value == 0
+        else "a failed worker group is stopped and started again, this many times at most",
+    )
+    return value
 
 
 # -- backend -------------------------------------------------------------------------------
@@ -451,6 +489,36 @@ def _ray_settings(executor: str, overrides: Overrides, notes: Notes) -> tuple[st
         "ray_pg_timeout", timeout.value, timeout.source, "seconds to wait for the placement group"
     )
     return (found.value if found else None), float(timeout.value)
+
+
+def _rpc_settings(executor: str, overrides: Overrides, notes: Notes) -> tuple[str, float | None]:
+    """How the mp executor carries calls; the other executors have their own transport, so
+    the setting is noted only for mp."""
+    channel = overrides.value("rpc_channel")
+    spin = overrides.lookup("rpc_spin")
+    values = (str(channel.value), None if spin is None else float(spin.value))
+    if executor != "mp":
+        return values
+    notes.note(
+        "rpc_channel",
+        values[0],
+        channel.source,
+        "requests written once to shared memory that every worker reads; replies in a "
+        "slot per worker"
+        if values[0] == "shm"
+        else "requests and replies through each worker's pipe",
+    )
+    if values[0] == "shm":
+        notes.note(
+            "rpc_spin",
+            values[1],
+            spin.source if spin else "default",
+            "seconds a waiting side polls shared memory before it blocks"
+            if spin
+            else f"at start: {SPIN_WITH_FREE_CPUS:g} s where every worker has a CPU of its "
+            "own, else 0 (polling workers would take CPU from working ones)",
+        )
+    return values
 
 
 def check_backend_tables(specs: Mapping[str, Any], overrides: Overrides, notes: Notes) -> None:

@@ -63,7 +63,7 @@ class AcmeSubprocessExecutor(Executor):
             self._status(rank, "ready")
 
     def _exchange(
-        self, request: Any, label: str, timeout: float | None
+        self, request: Any, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         payload = dumps(request)
         for rank in range(len(self._procs)):

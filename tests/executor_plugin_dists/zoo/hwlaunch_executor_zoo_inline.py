@@ -37,7 +37,7 @@ class InlineExecutor(Executor):
             raise WorkerStartupError(0, f"{failure.exc_type}: {failure.message}") from None
 
     def _exchange(
-        self, request: Any, label: str, timeout: float | None
+        self, request: Any, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         ok, value = loads(answer(self.worker, dumps(request)))
         return ([value], {}) if ok else ([None], {0: value})
