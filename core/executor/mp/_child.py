@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import pickle
 import signal
 import sys
 import threading
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 import psutil
 
-from hwlaunch.executor._mainprep import refuse_reimport
+from hwlaunch.executor._mainprep import refuse_reimport, reimport_main
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.plan import Plan
 
@@ -94,12 +95,23 @@ def worker_main(
     inherited_fds: tuple[int, ...],
     pdeathsig: bool,
     parent_pid: int | None,
+    main: tuple[str, str] | None = None,
 ) -> None:
-    """Start the worker, report ready (or the start-up failure), then serve RPCs until told."""
+    """Start the worker, report ready (or the start-up failure), then serve RPCs until told.
+
+    ``main``: the ``__main__`` that spawn's ``prepare()`` was kept from re-importing (see
+    ``hwlaunch.executor._mainprep``); re-imported here, before anything else, so that a failure
+    comes back to the parent with its traceback.
+    """
     for fd in inherited_fds:  # under fork: the parent's ends of the pipes must not stay open here
         with contextlib.suppress(OSError):
             os.close(fd)
     _install_liveness(death_r, pdeathsig, parent_pid)
+    if main is not None:
+        try:
+            reimport_main(main)
+        except BaseException as exc:
+            _fail_startup(conn, _reimport_failure(exc, main, plan.start_method))
     guard = plan.facts.main_guard if plan.facts is not None else None
     if (
         guard is not None
@@ -124,11 +136,27 @@ def worker_main(
             init_distributed=init_distributed,
         )
     except BaseException as exc:
-        conn.send_bytes(pickle.dumps(("startup_error", Failure.current(exc))))
-        _end_process_tree(1)
-        os._exit(1)  # reached only when the death-pipe thread is already ending the process
+        _fail_startup(conn, Failure.current(exc))
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     serve(worker, conn)
+
+
+def _reimport_failure(exc: BaseException, main: tuple[str, str], method: str | None) -> Failure:
+    """The failure, saying that it happened while re-importing the program, and which one."""
+    failure = Failure.current(exc)
+    what = "module" if main[0] == "init_main_from_name" else "file"
+    return dataclasses.replace(
+        failure,
+        message=f"{failure.message} (raised while the worker re-imported the program's __main__, "
+        f"{what} {main[1]}, as __mp_main__, as {method} does in every child process)",
+    )
+
+
+def _fail_startup(conn: Connection, failure: Failure) -> NoReturn:
+    """Send the start-up failure to the parent and end this worker and its children."""
+    conn.send_bytes(pickle.dumps(("startup_error", failure)))
+    _end_process_tree(1)
+    os._exit(1)  # reached only when the death-pipe thread is already ending the process
 
 
 def serve(worker: Any, conn: Connection) -> None:
