@@ -443,13 +443,55 @@ def bound(summary: dict[str, dict[str, float]], metric: str) -> str:
     return text
 
 
+def recovery(reps: int, cycles: int) -> dict[str, Any]:
+    """The figures of benchmarks/_recovery.py, printed as markdown tables."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _recovery
+
+    restarts = _recovery.restart_figures(reps)
+    print("| kill 1 of 4 workers, max_restarts=1 | until the all-reduce passes (median, max) |")
+    print("| --- | --- |")
+    for name, fig in restarts.items():
+        print(f"| {name} | {fmt(fig['median'])} ({fmt(fig['max'])}) |")
+    trees: dict[str, Any] = {}
+    for method in METHODS:
+        runs = [_recovery.parent_sigkill_survivors(method) for _ in range(reps)]
+        trees[method] = runs
+    print("\n| parent SIGKILL, 4 workers x (2 Popen + 2-process Pool) | survivors after 3 s |")
+    print("| --- | --- |")
+    for method, runs in trees.items():
+        counts = ", ".join(f"{r['survivors']} of {r['descendants']}" for r in runs)
+        print(f"| {method} | {counts} |")
+    cycled = _recovery.kill_restart_cycles(cycles, helpers)
+    print(f"\n| resource | before | after 10 | after {cycles} kill/restart cycles |")
+    print("| --- | --- | --- | --- |")
+    for key, value in cycled["before"].items():
+        tenth = cycled["after_10"][key] if cycled["after_10"] else "-"
+        print(f"| {key} | {value} | {tenth} | {cycled['after'][key]} |")
+    print(f"restart (fork, 4 workers) median over the cycles: {fmt(cycled['restart_s_median'])}")
+    return {"restart": restarts, "parent_sigkill": trees, "kill_restart_cycles": cycled}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability.json"))
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each fault")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--skip-soak", action="store_true", help="skip the 200 cycles")
+    parser.add_argument(
+        "--recovery-only",
+        action="store_true",
+        help="only the recovery figures (restarts, process-tree cleanup, kill/restart cycles)",
+    )
+    parser.add_argument("--cycles", type=int, default=100, help="kill/restart cycles")
     args = parser.parse_args()
+    if args.recovery_only:
+        import torch
+
+        result = {"tree": tree_state(), "recovery": recovery(args.reps, args.cycles)}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        return
 
     import torch  # the parent has torch loaded, as a real one does: fork workers share it
 
@@ -502,6 +544,7 @@ def main() -> None:
     }
     if soaked is not None:
         result["soak_200_cycles"] = soaked
+    result["recovery"] = recovery(args.reps, args.cycles)
 
     print("| fault | start method | what happens | measured bound (median over "
           f"{args.reps}, max) |")  # fmt: skip

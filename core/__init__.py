@@ -27,10 +27,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from hwlaunch.contract import CONTRACT_VERSION
     from hwlaunch.executor import Executor
     from hwlaunch.executor.launcher import launch
     from hwlaunch.hookspecs import Register, hookimpl
     from hwlaunch.plan import Decision, Plan
+    from hwlaunch.planning.policy import PlanDraft
     from hwlaunch.planning.resolver import resolve
     from hwlaunch.spec import START_METHODS, BackendSpec, StartMethodRule
     from hwlaunch.worker import Worker
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 _LAZY = {
+    "CONTRACT_VERSION": "hwlaunch.contract",
+    "PlanDraft": "hwlaunch.planning.policy",
     "START_METHODS": "hwlaunch.spec",
     "BackendSpec": "hwlaunch.spec",
     "StartMethodRule": "hwlaunch.spec",
@@ -52,6 +56,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "CONTRACT_VERSION",
     "START_METHODS",
     "BackendSpec",
     "BackendUnavailableError",
@@ -62,6 +67,7 @@ __all__ = [
     "HwlaunchError",
     "MissingMainGuardError",
     "Plan",
+    "PlanDraft",
     "PluginError",
     "Register",
     "RpcTimeoutError",

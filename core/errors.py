@@ -60,22 +60,68 @@ class WorkerError(HwlaunchError):
 
 
 class WorkerDiedError(HwlaunchError):
-    """A worker process (or Ray actor) ended while it was expected to be alive."""
+    """A worker process (or Ray actor) ended while it was expected to be alive.
+
+    With ``max_restarts``, ``restarted`` says that the executor has since replaced the whole
+    group (the call that failed was not retried: the caller decides); ``restarts`` notes every
+    restart that happened before, so the final error tells the whole story.
+    """
 
     def __init__(
-        self, rank: int, pid: int | None, exitcode: int | None, where: str | None = None
+        self,
+        rank: int,
+        pid: int | None,
+        exitcode: int | None,
+        where: str | None = None,
+        *,
+        restarted: bool = False,
+        restarts: tuple[str, ...] = (),
+        cause: str | None = None,
     ) -> None:
         self.rank = rank
         self.pid = pid
         self.exitcode = exitcode
         self.where = where
-        super().__init__(
-            f"worker rank {rank} (pid {pid}{', ' + where if where else ''}) died: "
-            f"{describe_exitcode(exitcode)}; the remaining workers were shut down"
-        )
+        self.restarted = restarted
+        self.restarts = restarts
+        self.cause = cause
+        how = cause or describe_exitcode(exitcode)
+        text = f"worker rank {rank} (pid {pid}{', ' + where if where else ''}) died: {how}; "
+        if restarted:
+            text += f"the group was restarted (restart {len(restarts)}); the call was not retried"
+        else:
+            text += "the remaining workers were shut down"
+        if restarts and not restarted:
+            text += "; restarts before: " + "; ".join(restarts)
+        super().__init__(text)
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.rank, self.pid, self.exitcode, self.where))
+        return (
+            _rebuild_died,
+            (
+                self.rank,
+                self.pid,
+                self.exitcode,
+                self.where,
+                self.restarted,
+                self.restarts,
+                self.cause,
+            ),
+        )
+
+
+def _rebuild_died(
+    rank: int,
+    pid: int | None,
+    exitcode: int | None,
+    where: str | None,
+    restarted: bool,
+    restarts: tuple[str, ...],
+    cause: str | None,
+) -> WorkerDiedError:
+    return WorkerDiedError(
+        rank, pid, exitcode, where, restarted=restarted, restarts=restarts, cause=cause
+    )
 
 
 class ExecutorClosedError(HwlaunchError):
@@ -84,7 +130,12 @@ class ExecutorClosedError(HwlaunchError):
 
 
 class RpcTimeoutError(HwlaunchError):
-    """Some ranks did not answer a collective RPC within its timeout."""
+    """Some ranks did not answer a collective RPC within its timeout.
+
+    ``restarted``: with ``max_restarts``, the executor has replaced the hung group since.
+    """
+
+    restarted = False
 
     def __init__(self, method: str, ranks: list[int], timeout: float) -> None:
         self.method = method

@@ -17,6 +17,11 @@ from hwlaunch.spec import StartMethod
 
 ExecutorName = Literal["uni", "mp", "ray"]
 EXECUTORS: tuple[ExecutorName, ...] = ("uni", "mp", "ray")
+RPC_CHANNELS = ("shm", "pipe")
+DEFAULT_RPC_CHANNEL = "shm"  # measured faster than pipes (docs/performance.md, "RPC channel")
+# Seconds a waiting side of the shm channel polls before it blocks, where every worker has a CPU
+# of its own; where they do not, polling workers would take CPU from working ones.
+SPIN_WITH_FREE_CPUS = 0.05
 MainGuardStatus = Literal[
     "guarded", "unguarded", "no-main-file", "not-reimportable", "reimporting", "unknown"
 ]
@@ -168,9 +173,16 @@ class Plan:
     ray_address: str | None = None
     ray_pg_timeout: float = 60.0
     startup_timeout: float = 600.0
+    rpc_channel: str = DEFAULT_RPC_CHANNEL
+    rpc_spin: float | None = None  # None: SPIN_WITH_FREE_CPUS if each worker has a CPU, else 0
+    max_restarts: int = 0
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     facts: RuntimeFacts | None = None
+    device_binding: str = "none"
+    propagate_env: tuple[str, ...] = ()  # names and prefixes ("HABANA_*"), never values
+    ray_noset_visibility_var: str | None = None
+    worker_setup: tuple[str, ...] = ()  # plugins whose hwlaunch_worker_setup runs, in order
 
     def decision(self, setting: str) -> Decision:
         for decision in self.decisions:
@@ -196,9 +208,16 @@ class Plan:
             "ray_address": self.ray_address,
             "ray_pg_timeout": self.ray_pg_timeout,
             "startup_timeout": self.startup_timeout,
+            "rpc_channel": self.rpc_channel,
+            "rpc_spin": self.rpc_spin,
+            "max_restarts": self.max_restarts,
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),
             "facts": self.facts.to_dict() if self.facts is not None else None,
+            "device_binding": self.device_binding,
+            "propagate_env": list(self.propagate_env),
+            "ray_noset_visibility_var": self.ray_noset_visibility_var,
+            "worker_setup": list(self.worker_setup),
         }
 
     def explain(self, width: int = 110) -> str:

@@ -8,19 +8,24 @@ plugin author learns about a mistake from the registry and not from a worker tha
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Literal
 
+from hwlaunch import contract
 from hwlaunch._checks import is_env_name
 from hwlaunch.errors import PluginError
 
 StartMethod = Literal["fork", "spawn", "forkserver"]
 START_METHODS: tuple[StartMethod, ...] = ("fork", "spawn", "forkserver")
+DeviceBinding = Literal["per_worker", "job_wide", "none"]
+DEVICE_BINDINGS: tuple[DeviceBinding, ...] = ("per_worker", "job_wide", "none")
 
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
 _IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+_ENV_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
 
 
 def _fail(field_name: str, problem: str) -> PluginError:
@@ -92,6 +97,18 @@ class BackendSpec:
     The three probes must be cheap and free of side effects: they never initialize a device
     runtime, and import torch or a vendor module only when a cheap pre-check says it matters.
     ``worker`` is an import path ``"package.module:ClassName"``, imported only inside workers.
+
+    ``device_binding`` says what each worker's ``device_control_env_var`` holds: ``per_worker``
+    its own device only (the worker uses device index 0), ``job_wide`` every device of the job
+    on its node (the worker selects ``local_rank``; for runtimes such as oneCCL on XPU that hang
+    when each process sees a single device), ``none`` leaves the variable alone. Unset, it is
+    ``job_wide`` when a visibility variable is named (what every plugin got before the field
+    existed) and ``none`` otherwise. ``propagate_env`` names variables (``"NCCL_DEBUG"``) or
+    prefixes (``"HABANA_*"``) copied from the driver's environment into every worker, Ray actors
+    on other nodes included; the plan lists their names, never their values.
+    ``ray_noset_visibility_var`` is the variable that stops Ray from rewriting the visibility
+    variable in its actors (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``), so that the
+    binding above is the one that holds. ``contract`` is the plugin contract the spec needs.
     """
 
     name: str
@@ -106,8 +123,13 @@ class BackendSpec:
     device_control_env_var: str | None = None
     ray_resource: str = "CPU"
     worker_env: Mapping[str, str] = field(default_factory=dict)
+    device_binding: DeviceBinding | None = None
+    propagate_env: tuple[str, ...] = ()
+    ray_noset_visibility_var: str | None = None
+    contract: str = contract.CONTRACT_VERSION
 
     def __post_init__(self) -> None:
+        contract.require(self.contract, f"BackendSpec {self.name!r}")
         if not isinstance(self.name, str) or not _NAME.match(self.name):
             raise _fail(
                 "name",
@@ -138,8 +160,73 @@ class BackendSpec:
         ):
             raise _fail("worker_env", "must map environment variable names to strings")
         object.__setattr__(self, "worker_env", MappingProxyType(dict(env)))
+        self._check_binding()
+        self._check_environment()
+        self._warn_deprecated()
+
+    def _check_binding(self) -> None:
+        binding = self.device_binding
+        if binding is None:
+            binding = "job_wide" if self.device_control_env_var else "none"
+            object.__setattr__(self, "device_binding", binding)
+        if binding not in DEVICE_BINDINGS:
+            raise _fail(
+                "device_binding",
+                f"{binding!r} is not a binding; allowed: {list(DEVICE_BINDINGS)}",
+            )
+        if binding != "none" and self.device_control_env_var is None:
+            raise _fail(
+                "device_binding",
+                f"{binding!r} sets the device-visibility variable, but device_control_env_var "
+                "is None. Fix: name the variable (e.g. 'CUDA_VISIBLE_DEVICES'), or use "
+                "device_binding='none'",
+            )
+
+    def _check_environment(self) -> None:
+        patterns: Any = self.propagate_env
+        if isinstance(patterns, str) or not isinstance(patterns, (tuple, list)):
+            raise _fail(
+                "propagate_env",
+                f"{patterns!r} must be a tuple of variable names or prefixes, "
+                "e.g. ('HABANA_*', 'NCCL_DEBUG')",
+            )
+        for pattern in patterns:
+            if not isinstance(pattern, str) or not _ENV_PATTERN.match(pattern):
+                raise _fail(
+                    "propagate_env",
+                    f"{pattern!r} is neither a variable name ('NCCL_DEBUG') nor a prefix "
+                    "ending in '*' ('HABANA_*')",
+                )
+        object.__setattr__(self, "propagate_env", tuple(patterns))
+        var = self.ray_noset_visibility_var
+        if var is not None and not is_env_name(var):
+            raise _fail("ray_noset_visibility_var", f"{var!r} must be an environment variable name")
+
+    def _warn_deprecated(self) -> None:
+        declared = {f.name: f for f in fields(self)}
+        for name, instead in contract.DEPRECATED_FIELDS.items():
+            spec_field = declared[name]
+            default = (
+                spec_field.default
+                if spec_field.default is not MISSING
+                else spec_field.default_factory()  # type: ignore[operator]
+            )
+            if getattr(self, name) != default:
+                warnings.warn(
+                    f"BackendSpec {self.name!r} sets {name!r}, which is deprecated: {instead}",
+                    contract.HwlaunchDeprecationWarning,
+                    stacklevel=4,
+                )
 
     @property
     def is_accelerator(self) -> bool:
         """Whether devices are counted and bound per worker (everything but the host CPU)."""
         return self.device_type != "cpu"
+
+
+def select_env(environ: Mapping[str, str], patterns: tuple[str, ...]) -> dict[str, str]:
+    """The variables of ``environ`` that ``propagate_env`` patterns name: ``HABANA_*`` is a
+    prefix, a plain name matches itself."""
+    prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
+    names = {p for p in patterns if not p.endswith("*")}
+    return {k: v for k, v in environ.items() if k in names or (prefixes and k.startswith(prefixes))}

@@ -36,6 +36,13 @@ class Worker:
         self.master_addr = master_addr
         self.master_port = master_port
         self.device: Any = None
+        self.setup_plugins: list[str] = []  # plugins whose hwlaunch_worker_setup ran, in order
+
+    @property
+    def device_index(self) -> int:
+        """The index of this worker's device among those it sees: 0 under the ``per_worker``
+        binding (it sees only its own), else its local rank."""
+        return 0 if self.plan.device_binding == "per_worker" else self.local_rank
 
     def init_device(self) -> None:
         """Bind this worker to its device. The base class uses the host CPU."""

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+import hwlaunch
+
 pytestmark = pytest.mark.usefixtures("clean_env")
 
 HWLAUNCH = str(Path(sys.executable).with_name("hwlaunch"))
@@ -36,6 +38,10 @@ BACKEND_KEYS = {
     "device_control_env_var",
     "ray_resource",
     "worker",
+    "device_binding",
+    "propagate_env",
+    "ray_noset_visibility_var",
+    "contract",
     "error",
 }
 
@@ -187,6 +193,12 @@ def test_backends_json(clean_env: Path) -> None:
     assert by_name["xpu"]["start_methods"] == {"allowed": ["spawn"], "default": "spawn"}
     assert by_name["hpu"]["start_methods"]["default"] == "spawn"
     assert by_name["hpu"]["ray_resource"] == "HPU"
+    # The built-in rules' device binding (README's rules table), and each plugin's contract.
+    bindings = {name: by_name[name]["device_binding"] for name in ("cpu", "cuda", "hpu", "xpu")}
+    assert bindings == {"cpu": "none", "cuda": "per_worker", "hpu": "per_worker", "xpu": "job_wide"}
+    noset = by_name["cuda"]["ray_noset_visibility_var"]
+    assert noset == "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+    assert {row["contract"] for row in rows} == {hwlaunch.CONTRACT_VERSION}
 
 
 def test_backends_table(clean_env: Path) -> None:

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
+from hwlaunch import _discovery as discovery_module
 from hwlaunch.errors import BackendUnavailableError, PluginError
-from hwlaunch.planning import registry as registry_module
 from hwlaunch.planning.registry import PluginRecord, default_registry, load_registry
 
 DISTS = Path(__file__).parent / "plugin_dists"
@@ -59,7 +59,17 @@ FAILURES: dict[tuple[str, str], tuple[str, tuple[str, ...]]] = {
     ),
     ("nohook", "hwlaunch-hook-raises"): (
         "0.2.0",
-        ("implements no hwlaunch_register_backends hook", "'hwlaunch_register_backend'"),
+        (
+            "implements no hwlaunch hook",
+            "'hwlaunch_register_backend' (did you mean 'hwlaunch_register_backends'?)",
+        ),
+    ),
+    ("hookwraps", "hwlaunch-hook-raises"): (
+        "0.2.0",
+        (
+            "declares hwlaunch_register_backends as a hook wrapper",
+            "use a plain @hwlaunch.hookimpl",
+        ),
     ),
     ("badspec", "hwlaunch-bad-spec"): (
         "0.3.0",
@@ -263,6 +273,8 @@ def test_verbose_lists_each_plugin_module_distribution_version_hooks(
         "version": "1.2.3",
         "hooks": ["hwlaunch_register_backends"],
         "backends": ["goodnpu"],
+        "contract": "1.0",
+        "warnings": [],
         "error": None,
     }
     for name in BUILTINS:
@@ -516,7 +528,7 @@ def test_hookimpl_arguments_follow_pluggy(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "hwlaunch_noargs_plugin", raising=False)
     point = EntryPoint("noargs", "hwlaunch_noargs_plugin", "hwlaunch.backends")
-    monkeypatch.setattr(registry_module, "entry_points", lambda group: [point])
+    monkeypatch.setattr(discovery_module, "entry_points", lambda group: [point])
     try:
         registry = load_registry(environ={})
     finally:

@@ -42,6 +42,8 @@ from hwlaunch.plan import Plan
 ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
+from call_options import CallOptionsProbe, check_call_options  # noqa: E402
+
 from hwlaunch.executor.base import free_port  # noqa: E402
 from hwlaunch.executor.ray import (  # noqa: E402
     RayExecutor,
@@ -54,6 +56,7 @@ pytestmark = pytest.mark.ray
 # Classes and functions of this module travel to the actors by value: the actors cannot
 # import a test module.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
+cloudpickle.register_pickle_by_value(sys.modules[CallOptionsProbe.__module__])
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1"}
 NODE_ARGS: dict[str, Any] = {
@@ -160,7 +163,7 @@ def cluster_plan(**overrides: Any) -> Plan:
     return resolve(backend="cpu", **overrides)
 
 
-class Extension:
+class Extension(CallOptionsProbe):
     """Mixed into the worker class: its methods are callable by name."""
 
     def where(self) -> dict[str, Any]:
@@ -447,6 +450,9 @@ def two_nodes(cluster: Any) -> Iterator[RayExecutor]:
 class TestTwoNodes:
     """One rank on each node; the tests share one executor, which they leave usable."""
 
+    def test_non_block_and_unique_reply_rank(self, two_nodes: RayExecutor, connected: Any) -> None:
+        check_call_options(two_nodes)
+
     def test_ranks_on_two_nodes_all_reduce_across_them(
         self, two_nodes: RayExecutor, connected: Any
     ) -> None:
@@ -497,3 +503,63 @@ class TestTwoNodes:
         assert (
             two_nodes.collective_rpc(lambda worker, data: len(data), args=(big,)) == [len(big)] * 2
         )
+
+
+def test_actor_killed_between_rpcs_is_noticed_by_the_monitor(connected: Any) -> None:
+    """No RPC runs: the monitor alone notices the death, within 2 s, naming rank and node."""
+    ex = RayExecutor(cluster_plan(world_size=2, nnodes=2))
+    try:
+        assert ex.collective_rpc("ping") == ex.pids
+        victim = ex.nodes[1]
+        killed_at = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        while ex._group.died is None and time.monotonic() - killed_at < 10:
+            time.sleep(0.01)
+        detected = time.monotonic() - killed_at
+        print(f"figure: actor killed between RPCs noticed after {detected * 1000:.0f} ms")
+        assert detected < 2.0
+        with pytest.raises(WorkerDiedError) as info:
+            ex.check_health()
+        assert info.value.rank == 1 and info.value.pid == victim.pid
+        assert victim.node_ip in str(info.value) and victim.node_id[:12] in str(info.value)
+        with pytest.raises(WorkerDiedError):
+            ex.collective_rpc("ping")
+        assert_released(ex)
+    finally:
+        ex.shutdown()
+
+
+def test_actor_killed_between_rpcs_restarts_the_group(connected: Any) -> None:
+    """max_restarts=1: the monitor notices within 2 s; a new placement group and new actors
+    replay the setup call; later RPCs reach them."""
+    import hwlaunch
+
+    def load(worker: Any) -> None:
+        worker.model = 40 + worker.rank
+
+    executor = hwlaunch.launch(cluster_plan(world_size=2, nnodes=2, max_restarts=1))
+    try:
+        executor.collective_rpc(load, setup=True)
+        victim = executor.nodes[1]
+        killed_at = time.monotonic()
+        os.kill(victim.pid, signal.SIGKILL)
+        while not executor.plan.warnings and time.monotonic() - killed_at < 10:
+            time.sleep(0.01)
+        detected = time.monotonic() - killed_at
+        pids = executor.pids  # waits for the restart in progress
+        replaced = time.monotonic() - killed_at
+        print(
+            f"figure: ray actor killed: noticed {detected:.2f} s, new group after {replaced:.2f} s"
+        )
+        assert detected < 2.0
+        note = executor.plan.warnings[0]
+        assert note.startswith("restart 1 of 1: worker rank 1") and victim.node_id[:12] in note
+        assert executor.restarts == 1 and victim.pid not in pids
+        got = executor.collective_rpc(
+            lambda worker: (worker.model, os.environ["RESTART_COUNT"], worker.all_reduce_rank())
+        )
+        assert got == [(40, "1", 1), (41, "1", 1)]
+        assert wait_gone([victim.pid]) == []
+    finally:
+        executor.shutdown()
+    assert set(our_placement_groups().values()) <= {"REMOVED"}

@@ -38,10 +38,10 @@ from hwlaunch import (
     StartMethodRule,
     hookimpl,
 )
+from hwlaunch import _discovery as discovery_module
 from hwlaunch.cli import main as cli_main
 from hwlaunch.hookspecs import ENTRY_POINT_GROUP
 from hwlaunch.plan import REIMPORT_UNSAFE
-from hwlaunch.planning import registry as registry_module
 from hwlaunch.planning._config import load_config_file
 from hwlaunch.planning.facts import MAIN_GUARD_VALUES
 from hwlaunch.planning.registry import load_registry
@@ -576,7 +576,7 @@ def plugins_installed(
         sys.modules[module] = _plugin_module(module, actions)
         points.append(EntryPoint(name, module, ENTRY_POINT_GROUP))
     with monkeypatch.context() as patch:
-        patch.setattr(registry_module, "entry_points", lambda group: points)
+        patch.setattr(discovery_module, "entry_points", lambda group: points)
         try:
             yield
         finally:

@@ -3,7 +3,8 @@
 The cycles mix what a long-lived parent (a server that restarts its engine) does: mostly fork
 without a process group (fast, so that 200 fit in CI), every tenth with the gloo process group
 and an all-reduce, some with forkserver and two with spawn (each spawn worker imports torch, a
-few seconds on a small machine). Resources are measured three times: before the first launch,
+few seconds on a small machine). The RPC channel alternates: shared memory that blocks at once,
+shared memory that polls first, and pipes; every cycle also makes a non-blocking call. Resources are measured three times: before the first launch,
 after a warm-up of ten cycles and after the last cycle. From warm-up to the end nothing may grow
 at all; from the start, the only growth allowed is multiprocessing's own per-parent helpers, the
 fork server and the resource tracker (one process and one descriptor each, started once).
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing import forkserver, resource_tracker
 
@@ -30,14 +32,17 @@ WARM_UP = 10
 WORLD_SIZE = 2
 
 
-def schedule() -> list[tuple[str, bool]]:
-    """(start method, init_distributed) for each cycle."""
-    cycles = [("fork", i % 10 == 5) for i in range(CYCLES)]
+CHANNELS: list[tuple[str, float | None]] = [("shm", 0.0), ("shm", 0.01), ("pipe", None)]
+
+
+def schedule() -> list[tuple[str, bool, tuple[str, float | None]]]:
+    """(start method, init_distributed, (rpc_channel, rpc_spin)) for each cycle."""
+    methods = [("fork", i % 10 == 5) for i in range(CYCLES)]
     for i in range(100, 108):
-        cycles[i] = ("forkserver", i == 104)
+        methods[i] = ("forkserver", i == 104)
     for i in (150, 151):
-        cycles[i] = ("spawn", False)
-    return cycles
+        methods[i] = ("spawn", False)
+    return [(m, d, CHANNELS[i % len(CHANNELS)]) for i, (m, d) in enumerate(methods)]
 
 
 @dataclass(frozen=True)
@@ -56,7 +61,8 @@ class Resources:
             fds=frozenset(int(fd) for fd in os.listdir("/proc/self/fd")),
             threads=threading.active_count(),
             os_threads=me.num_threads(),
-            shm=frozenset(os.listdir("/dev/shm")),
+            # Other programs on the machine make /dev/shm entries too: count only this process's.
+            shm=frozenset(n for n in os.listdir("/dev/shm") if str(os.getpid()) in n),
         )
 
     def without(self, pids: set[int], fds: set[int]) -> Resources:
@@ -95,28 +101,44 @@ def multiprocessing_helpers() -> tuple[set[int], set[int]]:
     return pids, fds
 
 
-def cycle(method: str, init_distributed: bool) -> None:
+def cycle(method: str, init_distributed: bool, channel: tuple[str, float | None]) -> None:
     plan = hwlaunch.resolve(
-        backend="cpu", world_size=WORLD_SIZE, executor="mp", start_method=method
+        backend="cpu",
+        world_size=WORLD_SIZE,
+        executor="mp",
+        start_method=method,
+        rpc_channel=channel[0],
+        rpc_spin=channel[1],
     )
     executor = hwlaunch.launch(plan, init_distributed=init_distributed)
     assert isinstance(executor, MultiprocExecutor)
     with executor:
         pids = executor.collective_rpc("ping", timeout=120)
         assert pids == executor.pids and len(set(pids)) == WORLD_SIZE
+        later = executor.collective_rpc("ping", timeout=120, non_block=True)
+        assert later.result(120) == pids
         if init_distributed:
             assert executor.collective_rpc("all_reduce_rank", timeout=120) == [1, 1]
     alive = [pid for pid in pids if psutil.pid_exists(pid)]
     assert not alive, f"cycle {method}: workers {alive} outlived shutdown"
 
 
+def background_calls_ended(timeout: float = 10.0) -> None:
+    """The thread of non-blocking calls ends once idle, just after its last result is set."""
+    deadline = time.monotonic() + timeout
+    while any(t.name == "hwlaunch-rpc" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the non-blocking call thread did not end"
+        time.sleep(0.005)
+
+
 def test_200_cycles_leak_nothing(clean_env: object) -> None:
     before = Resources.now()
     plan = schedule()
-    for number, (method, init_distributed) in enumerate(plan):
+    for number, (method, init_distributed, channel) in enumerate(plan):
         if number == WARM_UP:
             warm = Resources.now()
-        cycle(method, init_distributed)
+        cycle(method, init_distributed, channel)
+    background_calls_ended()
     after = Resources.now()
     helper_pids, helper_fds = multiprocessing_helpers()
     report = f"before={before}\nwarm={warm}\nafter={after}\nhelpers={helper_pids} {helper_fds}"
@@ -124,4 +146,4 @@ def test_200_cycles_leak_nothing(clean_env: object) -> None:
     assert not steady.grew_from(warm.without(helper_pids, helper_fds)), report
     assert not steady.grew_from(before.without(helper_pids, helper_fds)), report
     assert len(helper_pids - before.children) <= 2, report  # fork server + tracker, once
-    assert {m for m, _ in plan} == {"fork", "forkserver", "spawn"}
+    assert {m for m, _, _ in plan} == {"fork", "forkserver", "spawn"}

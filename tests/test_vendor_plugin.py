@@ -132,6 +132,10 @@ def test_backends_lists_acme_with_its_distribution_and_version(verbose: dict[str
         "device_control_env_var": "ACME_VISIBLE_DEVICES",
         "ray_resource": "ACME",
         "worker": "hwlaunch_acme.worker:AcmeWorker",
+        "device_binding": "job_wide",
+        "propagate_env": ["ACME_RT_*"],
+        "ray_noset_visibility_var": "RAY_EXPERIMENTAL_NOSET_ACME_VISIBLE_DEVICES",
+        "contract": "1.0",
         "error": None,
     }
     plugin = next(p for p in verbose["plugins"] if p["name"] == "acme")
@@ -140,10 +144,14 @@ def test_backends_lists_acme_with_its_distribution_and_version(verbose: dict[str
         "module": "hwlaunch_acme",
         "distribution": DISTRIBUTION,
         "version": VERSION,
-        "hooks": ["hwlaunch_register_backends"],
+        "hooks": ["hwlaunch_adjust_plan", "hwlaunch_register_backends", "hwlaunch_worker_setup"],
         "backends": ["acme"],
+        "contract": "1.0",
+        "warnings": [],
         "error": None,
     }
+    assert verbose["hook_order"]["hwlaunch_adjust_plan"] == ["acme"]
+    assert verbose["hook_order"]["hwlaunch_worker_setup"] == ["acme"]
 
 
 def test_acme_devices_follow_the_emulation_variables(acme_site: Path, root: Path) -> None:
@@ -256,3 +264,4 @@ def test_the_example_passes_its_conformance_suite(acme_site: Path, root: Path) -
     assert done.returncode == 0, report
     assert " passed" in report and " failed" not in report, report
     assert "does not allow start method 'fork'" in report  # the one skip, with its reason
+    assert " 1 skipped" in report, report  # the rest ran: the two-node Ray check included

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from hwlaunch.cli._options import setting_options
+from hwlaunch.contract import CONTRACT_VERSION
 from hwlaunch.planning import settings
 from hwlaunch.planning.facts import probe_device
 from hwlaunch.planning.registry import Registry, default_registry
@@ -37,6 +38,10 @@ def backend_rows(registry: Registry) -> list[dict[str, Any]]:
                 "device_control_env_var": spec.device_control_env_var,
                 "ray_resource": spec.ray_resource,
                 "worker": spec.worker,
+                "device_binding": spec.device_binding,
+                "propagate_env": list(spec.propagate_env),
+                "ray_noset_visibility_var": spec.ray_noset_visibility_var,
+                "contract": plugin.contract,
                 "error": facts.probe_error,
             }
         )
@@ -55,6 +60,10 @@ def backend_rows(registry: Registry) -> list[dict[str, Any]]:
                 "device_control_env_var": None,
                 "ray_resource": None,
                 "worker": None,
+                "device_binding": None,
+                "propagate_env": [],
+                "ray_noset_visibility_var": None,
+                "contract": plugin.contract,
                 "error": plugin.error,
             }
         )
@@ -70,10 +79,29 @@ def plugin_rows(registry: Registry) -> list[dict[str, Any]]:
             "version": p.version,
             "hooks": list(p.hooks),
             "backends": list(p.backends),
+            "contract": p.contract,
+            "warnings": list(p.warnings),
             "error": p.error,
         }
         for p in registry.plugins
     ]
+
+
+def _print_plugins(console: Any, registry: Registry) -> None:
+    """Each plugin's module, distribution, contract and hooks, then the order of each hook."""
+    for p in plugin_rows(registry):
+        console.print(
+            f"plugin {p['name']}: module {p['module']}, {p['distribution']} {p['version']}, "
+            f"contract {p['contract']}, hooks: {', '.join(p['hooks']) or '-'}, "
+            f"backends: {', '.join(p['backends']) or '-'}"
+            + "".join(f", WARNING: {w}" for w in p["warnings"])
+            + (f", FAILED: {p['error']}" if p["error"] else ""),
+            markup=False,
+            soft_wrap=True,
+        )
+    console.print(f"plugin contract {CONTRACT_VERSION}; hook order (first called first):")
+    for hook, names in registry.hook_order().items():
+        console.print(f"  {hook}: {', '.join(names) or '-'}", markup=False)
 
 
 @click.command()
@@ -84,7 +112,16 @@ def backends(as_json: bool, verbose: bool) -> None:
     registry = default_registry()
     rows = backend_rows(registry)
     if as_json:
-        payload: Any = {"backends": rows, "plugins": plugin_rows(registry)} if verbose else rows
+        payload: Any = (
+            {
+                "backends": rows,
+                "plugins": plugin_rows(registry),
+                "hook_order": registry.hook_order(),
+                "contract": CONTRACT_VERSION,
+            }
+            if verbose
+            else rows
+        )
         click.echo(json.dumps(payload, indent=2))
         return
     from rich.console import Console
@@ -100,6 +137,7 @@ def backends(as_json: bool, verbose: bool) -> None:
         "start methods",
         "comm",
         "visibility var",
+        "binding",
         "ray",
         "error",
     ):
@@ -116,20 +154,14 @@ def backends(as_json: bool, verbose: bool) -> None:
             else " ".join(f"[{m}]" if m == methods["default"] else m for m in methods["allowed"]),
             row["dist_backend"] or "-",
             row["device_control_env_var"] or "-",
+            row["device_binding"] or "-",
             row["ray_resource"] or "-",
             row["error"] or "",
         )
     console.print(table, markup=False)
     console.print("[default start method in brackets]", markup=False)
     if verbose:
-        for p in plugin_rows(registry):
-            console.print(
-                f"plugin {p['name']}: module {p['module']}, {p['distribution']} {p['version']}, "
-                f"hooks: {', '.join(p['hooks']) or '-'}, backends: {', '.join(p['backends']) or '-'}"
-                + (f", FAILED: {p['error']}" if p["error"] else ""),
-                markup=False,
-                soft_wrap=True,
-            )
+        _print_plugins(console, registry)
     for skipped in registry.skipped:
         console.print(f"skipped plugin {skipped}", markup=False)
 

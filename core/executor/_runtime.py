@@ -17,6 +17,7 @@ from typing import Any
 
 import cloudpickle
 
+from hwlaunch.executor._setup import run_worker_setup
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 
@@ -85,7 +86,7 @@ def start_worker(
     master_port: int,
     init_distributed: bool,
 ) -> Worker:
-    """Construct the worker and run its start-up lifecycle."""
+    """Construct the worker and run its start-up lifecycle: plugins' setup, then the device."""
     cls = worker_class(plan, extension)
     worker = cls(
         rank=rank,
@@ -95,6 +96,7 @@ def start_worker(
         master_addr=master_addr,
         master_port=master_port,
     )
+    run_worker_setup(worker)
     worker.init_device()
     if init_distributed:
         worker.init_distributed()
@@ -163,18 +165,20 @@ def adopt_main_objects(fn: Any) -> None:
             setattr(main, name, obj)
 
 
-def answer(worker: Worker | None, payload: bytes, *prefix: Any) -> bytes:
+def answer(worker: Worker | None, payload: bytes, *prefix: Any, keep_value: bool = True) -> bytes:
     """Run one encoded request on the worker and encode the reply ``(*prefix, ok, value)``.
 
     An exception from the call, and a result that cannot be pickled, come back as a Failure
-    (the caller's WorkerError), so the channel always carries an answer.
+    (the caller's WorkerError), so the channel always carries an answer. With ``keep_value``
+    false a successful call's value stays here and None travels (the caller asked for another
+    rank's result only).
     """
     try:
         if worker is None:
             raise RuntimeError("the worker did not start")
         method, args, kwargs = loads(payload)
-        result = call(worker, method, args, kwargs, own_process=True)
-        reply: tuple[Any, ...] = (*prefix, True, result)
+        value = call(worker, method, args, kwargs, own_process=True)
+        reply: tuple[Any, ...] = (*prefix, True, value if keep_value else None)
     except Exception as exc:
         reply = (*prefix, False, Failure.current(exc))
     try:
@@ -191,5 +195,5 @@ def dumps(obj: Any) -> bytes:
         return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def loads(data: bytes) -> Any:
+def loads(data: bytes | memoryview) -> Any:
     return pickle.loads(data)

@@ -25,6 +25,7 @@ from hwlaunch.errors import (
     WorkerError,
     WorkerStartupError,
 )
+from hwlaunch.executor._background import BackgroundCalls
 from hwlaunch.executor._runtime import (
     Failure,
     Request,
@@ -33,12 +34,15 @@ from hwlaunch.executor._runtime import (
     method_label,
 )
 from hwlaunch.plan import Plan
+from hwlaunch.spec import select_env
 
 __all__ = [
     "Executor",
     "StatusCallback",
+    "bound_devices",
     "free_port",
     "gather",
+    "propagated_environment",
     "raise_first_failure",
     "startup_failure",
     "worker_environment",
@@ -58,6 +62,8 @@ class Executor(ABC):
     closed it. ``startup_timeout`` (seconds) overrides the plan's.
     """
 
+    restarts: int = 0  # groups replaced after a failure (max_restarts); 0 when fail-stop
+
     def __init__(
         self,
         plan: Plan,
@@ -74,6 +80,7 @@ class Executor(ABC):
         )
         self._on_status = on_status
         self._rpc_lock = threading.Lock()  # one call at a time, as on a worker process
+        self._background = BackgroundCalls()  # where non_block calls run, in call order
         self._closed_because: str | None = None
         self._died: WorkerDiedError | None = None
         extension = encode_extension(worker_extension)
@@ -92,10 +99,11 @@ class Executor(ABC):
 
     @abstractmethod
     def _exchange(
-        self, request: Request, label: str, timeout: float | None
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         """Run one call ``(method, args, kwargs)`` on every rank; return (results, failures by
-        rank). A process-based executor sends ``dumps(request)``.
+        rank). A process-based executor sends ``dumps(request)``. With ``reply_rank``, the
+        other ranks' results may be None (they need not travel).
 
         Raise ``self._timed_out(label, ranks, timeout)`` when ranks do not answer in time and
         ``self._worker_died(...)`` when one ends."""
@@ -120,7 +128,11 @@ class Executor(ABC):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         timeout: float | None = None,
-    ) -> list[Any]:
+        *,
+        non_block: bool = False,
+        unique_reply_rank: int | None = None,
+        setup: bool = False,
+    ) -> Any:
         """Run ``method`` on every rank; results come back in rank order.
 
         ``method`` is a worker method name, or a callable called as ``fn(worker, *args,
@@ -128,13 +140,48 @@ class Executor(ABC):
         WorkerError (the executor stays usable); a dead worker raises WorkerDiedError; no
         answer within ``timeout`` seconds raises RpcTimeoutError and shuts the executor down,
         since a collective that hung leaves the process group unusable.
+
+        ``unique_reply_rank=R`` returns rank R's result alone: every rank still runs the call
+        (and a failure on any rank still raises), but only R's result travels back.
+        ``non_block=True`` returns at once a ``concurrent.futures.Future`` of what the call
+        would have returned (or raised), so the caller can overlap its own work; calls run
+        one after another in the order they were made, blocking or not.
+
+        ``setup=True`` marks a call that prepares the workers (loading a model): with
+        ``max_restarts``, a restarted group replays every such call, in order, before it takes
+        other calls. Without restarts it changes nothing.
         """
+        del setup  # recorded by the restart controller (executor.restart), which wraps this one
+        self._check_reply_rank(unique_reply_rank)
         request: Request = (encode_method(method), tuple(args), dict(kwargs or {}))
         label = method_label(method)
+
+        def run() -> Any:
+            results = self._call(request, label, timeout, unique_reply_rank)
+            return results if unique_reply_rank is None else results[unique_reply_rank]
+
+        if non_block:
+            return self._background.submit(run)
+        self._background.wait_for_last()
+        return run()
+
+    def _check_reply_rank(self, rank: int | None) -> None:
+        if rank is not None and (
+            isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size
+        ):
+            raise ValueError(
+                f"unique_reply_rank={rank!r} is not a rank of this executor "
+                f"(ranks 0 to {self.world_size - 1}), or None for every rank's result"
+            )
+
+    def _call(
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
+    ) -> list[Any]:
+        """One collective call under the RPC lock, its failures in the error vocabulary."""
         with self._rpc_lock:
             self._raise_if_closed()
             try:
-                results, failures = self._exchange(request, label, timeout)
+                results, failures = self._exchange(request, label, timeout, reply_rank)
             except BaseException as exc:
                 if not isinstance(exc, Exception):
                     # KeyboardInterrupt (or SystemExit) mid-exchange: replies are half read, so
@@ -154,6 +201,17 @@ class Executor(ABC):
         """Stop every worker; never hangs; safe to call more than once."""
         self._close("shutdown() was called")
         self._stop()
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
+        """Have ``callback(error)`` called, from a monitor thread, when a worker dies between
+        or during calls. Used by the restart controller; uni has no monitor and never calls it."""
+        del callback
+
+    def stop_group(self) -> None:
+        """Stop every worker before a restart; resources the next group reuses may stay
+        (the ray executor's connection). ``shutdown()`` still follows."""
+        self._close("the group is being restarted")
+        self._stop(polite=False)
 
     def __enter__(self) -> Executor:
         return self
@@ -293,6 +351,23 @@ def visible_devices(plan: Plan, environ: Mapping[str, str] | None = None) -> str
     return ",".join(entries[: plan.world_size])
 
 
+def bound_devices(plan: Plan, local_rank: int, job_devices: str | None) -> str | None:
+    """What the worker of ``local_rank`` sees under the plan's binding, given the devices of the
+    job on its node (comma-separated, in local-rank order): ``job_wide`` all of them,
+    ``per_worker`` its own, ``none`` (or no devices) None: the variable is left alone."""
+    if job_devices is None or plan.device_binding == "none" or not plan.device_control_env_var:
+        return None
+    if plan.device_binding == "per_worker":
+        entries = job_devices.split(",")
+        return entries[local_rank] if local_rank < len(entries) else None
+    return job_devices
+
+
+def propagated_environment(plan: Plan, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The driver's variables that the backend's ``propagate_env`` names, as they are now."""
+    return select_env(os.environ if environ is None else environ, plan.propagate_env)
+
+
 def worker_environment(
     plan: Plan,
     rank: int,
@@ -302,7 +377,7 @@ def worker_environment(
     local_world_size: int | None = None,
 ) -> dict[str, str]:
     """The variables a worker process gets on top of the parent's environment."""
-    env = dict(plan.env)
+    env = {**propagated_environment(plan), **plan.env}
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(local_rank),
@@ -313,7 +388,7 @@ def worker_environment(
         MASTER_ADDR=master_addr,
         MASTER_PORT=str(master_port),
     )
-    visible = visible_devices(plan)
+    visible = bound_devices(plan, local_rank, visible_devices(plan))
     if visible is not None and plan.device_control_env_var:
         env[plan.device_control_env_var] = visible
     return env

@@ -62,6 +62,25 @@ def _start(
     startup_timeout: float | None,
     on_status: StatusCallback | None,
 ) -> Executor:
+    def start(group_plan: Plan) -> Executor:
+        return _start_group(
+            group_plan, worker_extension, init_distributed, startup_timeout, on_status
+        )
+
+    if plan.max_restarts > 0 and plan.executor in ("mp", "ray"):
+        from hwlaunch.executor.restart import RestartingExecutor
+
+        return RestartingExecutor(plan, start)
+    return start(plan)
+
+
+def _start_group(
+    plan: Plan,
+    worker_extension: type | str | None,
+    init_distributed: bool,
+    startup_timeout: float | None,
+    on_status: StatusCallback | None,
+) -> Executor:
     options: dict[str, Any] = dict(
         init_distributed=init_distributed, startup_timeout=startup_timeout, on_status=on_status
     )

@@ -84,7 +84,7 @@ class UniExecutor(Executor):
         self._status(0, "ready")
 
     def _exchange(
-        self, request: Request, label: str, timeout: float | None
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         worker = self._worker
         assert worker is not None

@@ -13,21 +13,25 @@ import difflib
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint, entry_points
+from importlib.metadata import EntryPoint
+from typing import Any
 
 import pluggy
 
-from hwlaunch import hookspecs
+from hwlaunch import contract, hookspecs
 from hwlaunch._checks import parse_truthy, unknown_name_message
+from hwlaunch._discovery import ENV_ALLOW, ENV_BLOCK, OWN_DISTRIBUTION, selected_entry_points
+from hwlaunch._hooks import call_plugin_hook, wrapper_hooks
 from hwlaunch.errors import BackendUnavailableError, PluginError
 from hwlaunch.spec import BackendSpec
 
-OWN_DISTRIBUTION = "hwlaunch"
-ENV_ALLOW = "HWLAUNCH_PLUGINS"
-ENV_BLOCK = "HWLAUNCH_DISABLE_PLUGINS"
+__all__ = ["ENV_ALLOW", "ENV_BLOCK", "ENV_STRICT", "OWN_DISTRIBUTION", "Registry", "load_registry"]
 ENV_STRICT = "HWLAUNCH_STRICT_PLUGINS"
+CONTRACT_ATTRIBUTE = "HWLAUNCH_CONTRACT"  # a plugin module's declared contract, if it has no spec
+HOOKS = ("hwlaunch_register_backends", "hwlaunch_adjust_plan", "hwlaunch_worker_setup")
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,8 @@ class PluginRecord:
     backends: tuple[str, ...] = ()
     hooks: tuple[str, ...] = ()
     error: str | None = None
+    contract: str = contract.CONTRACT_VERSION
+    warnings: tuple[str, ...] = ()
 
     @property
     def builtin(self) -> bool:
@@ -69,6 +75,26 @@ class Registry:
     backends: dict[str, RegisteredBackend] = field(default_factory=dict)
     plugins: list[PluginRecord] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    manager: pluggy.PluginManager | None = None
+
+    def hook_impls(self, hook: str) -> list[Any]:
+        """pluggy's HookImpl of each loaded plugin implementing ``hook``, in the order pluggy
+        calls them (tryfirst first, trylast last, later-loaded before earlier)."""
+        if self.manager is None:
+            return []
+        return list(reversed(getattr(self.manager.hook, hook).get_hookimpls()))
+
+    def call(self, plugin: object, hook: str, **kwargs: Any) -> None:
+        """Call one plugin's implementations of ``hook`` through pluggy (see hwlaunch._hooks)."""
+        if self.manager is not None:
+            call_plugin_hook(self.manager, hook, plugin, **kwargs)
+
+    def hook_order(self) -> dict[str, list[str]]:
+        """For each hook, the plugins implementing it in call order."""
+        return {hook: [impl.plugin_name for impl in self.hook_impls(hook)] for hook in HOOKS}
+
+    def plugin_backends(self) -> dict[str, tuple[str, ...]]:
+        return {p.name: p.backends for p in self.plugins if p.error is None}
 
     @property
     def specs(self) -> dict[str, BackendSpec]:
@@ -85,45 +111,32 @@ class Registry:
         raise BackendUnavailableError(unknown_name_message("backend", name, self.backends))
 
 
-def _split_env(value: str) -> list[str]:
-    return [part.strip() for part in value.split(",") if part.strip()]
-
-
 def _strict_from_env(environ: Mapping[str, str]) -> bool:
     return parse_truthy(environ.get(ENV_STRICT, "")) is True
-
-
-def _load_order(ep: EntryPoint) -> tuple[int, str]:
-    """Built-ins first, then third parties by name: clashes are decided the same every time."""
-    dist = ep.dist.name if ep.dist is not None else None
-    return (0 if dist == OWN_DISTRIBUTION else 1, ep.name)
 
 
 def load_registry(environ: Mapping[str, str] | None = None, strict: bool | None = None) -> Registry:
     """Discover, filter and load every plugin of the entry-point group."""
     env = os.environ if environ is None else environ
     strict = _strict_from_env(env) if strict is None else strict
-    allow = _split_env(env[ENV_ALLOW]) if ENV_ALLOW in env else None
-    block = set(_split_env(env.get(ENV_BLOCK, "")))
     manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
-    registry = Registry()
+    selected, skipped = selected_entry_points(env)
+    registry = Registry(skipped=skipped, manager=manager)
     # importlib.metadata already lists a distribution once even when sys.path shows it twice,
     # so two entry points with one name come from two distributions: report, never drop one.
     by_name: dict[str, PluginRecord] = {}
-    for ep in sorted(entry_points(group=hookspecs.ENTRY_POINT_GROUP), key=_load_order):
-        dist = ep.dist.name if ep.dist is not None else None
-        builtin = dist == OWN_DISTRIBUTION
-        if ep.name in block or (allow is not None and not builtin and ep.name not in allow):
-            why = ENV_BLOCK if ep.name in block else ENV_ALLOW
-            registry.skipped.append(f"{ep.name} (excluded by {why})")
-            continue
+    for ep in selected:
         if ep.name in by_name:
             record = _failed(_record_of(ep), _name_clash(by_name[ep.name], _record_of(ep)))
         else:
             record = _load_plugin(manager, ep, registry)
             by_name[ep.name] = record
         registry.plugins.append(record)
+        for text in record.warnings:
+            warnings.warn(
+                f"{record.describe()}: {text}", contract.HwlaunchDeprecationWarning, stacklevel=2
+            )
         if record.error is not None and strict:
             raise PluginError(
                 f"{record.describe()} failed to load: {record.error}. This is an error because "
@@ -153,6 +166,23 @@ def _name_clash(first: PluginRecord, record: PluginRecord) -> str:
 
 def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Registry) -> PluginRecord:
     base = _record_of(ep)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DeprecationWarning)
+        record = _load_isolated(manager, ep, registry, base)
+    noted = tuple(
+        str(w.message)
+        for w in caught
+        if issubclass(w.category, contract.HwlaunchDeprecationWarning)
+    )
+    for w in caught:  # anything else the plugin warned about goes on as it came
+        if not issubclass(w.category, contract.HwlaunchDeprecationWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return PluginRecord(**{**record.__dict__, "warnings": noted}) if noted else record
+
+
+def _load_isolated(
+    manager: pluggy.PluginManager, ep: EntryPoint, registry: Registry, base: PluginRecord
+) -> PluginRecord:
     try:
         plugin = ep.load()
         manager.register(plugin, name=ep.name)
@@ -161,14 +191,42 @@ def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Regist
     except BaseException as exc:  # a plugin must never break the registry, not even sys.exit()
         return _failed(base, f"cannot load {ep.value!r}: {_one_line(exc)}")
     hooks = tuple(sorted(h.name for h in manager.get_hookcallers(plugin) or []))
-    impls = [
-        impl
-        for impl in manager.hook.hwlaunch_register_backends.get_hookimpls()
-        if impl.plugin is plugin
-    ]
-    if not impls:
+    hook_problem = _hook_problem(ep, hooks) or _wrapper_problem(manager, plugin, ep)
+    if hook_problem is not None:
         manager.unregister(plugin)
-        return _failed(base, _no_hook_message(ep, hooks), hooks)
+        return _failed(base, hook_problem, hooks)
+    try:
+        declared = contract.require(
+            getattr(plugin, CONTRACT_ATTRIBUTE, contract.CONTRACT_VERSION), base.describe()
+        )
+    except PluginError as exc:
+        manager.unregister(plugin)
+        return _failed(base, str(exc), hooks)
+    collected = _collect_specs(manager, plugin)
+    if isinstance(collected, str):
+        manager.unregister(plugin)
+        return _failed(base, collected, hooks)
+    clash = _find_clash(collected, registry, base)
+    if clash is not None:
+        manager.unregister(plugin)
+        return _failed(base, clash, hooks)
+    names = tuple(spec.name for spec in collected)
+    versions = [declared, *(spec.contract for spec in collected)]
+    record = PluginRecord(
+        **{
+            **base.__dict__,
+            "backends": names,
+            "hooks": hooks,
+            "contract": max(versions, key=lambda v: contract.parse_version(v, base.describe())),
+        }
+    )
+    for spec in collected:
+        registry.backends[spec.name] = RegisteredBackend(spec=spec, plugin=record)
+    return record
+
+
+def _collect_specs(manager: pluggy.PluginManager, plugin: object) -> list[BackendSpec] | str:
+    """The specs the plugin's hwlaunch_register_backends registers, or why it failed."""
     collected: list[BackendSpec] = []
 
     def register(spec: BackendSpec) -> None:
@@ -176,24 +234,13 @@ def _load_plugin(manager: pluggy.PluginManager, ep: EntryPoint, registry: Regist
             raise PluginError(f"register() takes a hwlaunch.BackendSpec, got {type(spec).__name__}")
         collected.append(spec)
 
-    arguments: dict[str, object] = {"register": register}
     try:
-        for impl in impls:  # called as pluggy would: each argument the hookimpl names
-            impl.function(*(arguments[name] for name in impl.argnames))
+        call_plugin_hook(manager, "hwlaunch_register_backends", plugin, register=register)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # sys.exit() inside a hook fails the plugin, not the caller
-        manager.unregister(plugin)
-        return _failed(base, f"hwlaunch_register_backends raised {_one_line(exc)}", hooks)
-    clash = _find_clash(collected, registry, base)
-    if clash is not None:
-        manager.unregister(plugin)
-        return _failed(base, clash, hooks)
-    names = tuple(spec.name for spec in collected)
-    record = PluginRecord(**{**base.__dict__, "backends": names, "hooks": hooks})
-    for spec in collected:
-        registry.backends[spec.name] = RegisteredBackend(spec=spec, plugin=record)
-    return record
+        return f"hwlaunch_register_backends raised {_one_line(exc)}"
+    return collected
 
 
 def _find_clash(
@@ -213,13 +260,40 @@ def _find_clash(
     return None
 
 
-def _no_hook_message(ep: EntryPoint, hooks: tuple[str, ...]) -> str:
-    spec_name = "hwlaunch_register_backends"
-    close = difflib.get_close_matches(spec_name, hooks, n=1)
-    found = f" (it has {close[0]!r}: a misspelling?)" if close else ""
+def _hook_problem(ep: EntryPoint, hooks: tuple[str, ...]) -> str | None:
+    """Why the plugin's hook names are unusable, or None. The one check of hook names (what
+    pluggy's check_pending does, for this plugin alone), with a did-you-mean for each name
+    hwlaunch does not define: a misspelled hook would otherwise never be called."""
+    unknown = [name for name in hooks if name not in HOOKS]
+    known = [name for name in hooks if name in HOOKS]
+    if known and not unknown:
+        return None
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, HOOKS, n=1)
+        parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    if not known:
+        found = f"; it has {', '.join(parts)}: a misspelling?" if parts else ""
+        return (
+            f"{ep.value!r} implements no hwlaunch hook{found}. Define at least one of "
+            f"{', '.join(HOOKS)}, decorated with @hwlaunch.hookimpl"
+        )
     return (
-        f"{ep.value!r} implements no {spec_name} hook{found}; define "
-        f"`{spec_name}(register)` decorated with @hwlaunch.hookimpl"
+        f"{ep.value!r} implements {', '.join(parts)}, which hwlaunch (plugin contract "
+        f"{contract.CONTRACT_VERSION}) does not define; hooks: {', '.join(HOOKS)}. Fix the "
+        "name, or upgrade hwlaunch if the hook is newer"
+    )
+
+
+def _wrapper_problem(manager: pluggy.PluginManager, plugin: object, ep: EntryPoint) -> str | None:
+    wrappers = wrapper_hooks(manager, plugin)
+    if not wrappers:
+        return None
+    return (
+        f"{ep.value!r} declares {', '.join(wrappers)} as a hook wrapper (hookwrapper=True or "
+        "wrapper=True), which hwlaunch does not support: each plugin's hooks are called on their "
+        "own, so a wrapper would wrap nothing. Fix: use a plain @hwlaunch.hookimpl, with "
+        "tryfirst=True or trylast=True to order it"
     )
 
 

@@ -10,11 +10,13 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from hwlaunch._checks import parse_truthy
 from hwlaunch.plan import Plan
 from hwlaunch.planning import settings
 from hwlaunch.planning._config import collect_overrides
 from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
-from hwlaunch.planning.registry import Registry, default_registry
+from hwlaunch.planning.policy import adjust
+from hwlaunch.planning.registry import ENV_STRICT, Registry, default_registry
 from hwlaunch.planning.rules import decide
 from hwlaunch.planning.settings import Sourced
 
@@ -45,7 +47,10 @@ def resolve_with_sources(
         f"{p.describe()} failed to load: {p.error} (see `hwlaunch backends`)"
         for p in registry.failures
     ]
-    return decide(specs, facts, overrides, problems)
+    plan = decide(specs, facts, overrides, problems)
+    # The plugins' part, after the pure rules: their hooks are plugin code (policy.adjust).
+    strict = parse_truthy(os.environ.get(ENV_STRICT, "")) is True
+    return adjust(plan, registry, specs[plan.backend], overrides, os.environ, strict)
 
 
 def resolve(
@@ -60,6 +65,9 @@ def resolve(
     ray_address: str | None = None,
     ray_pg_timeout: float | None = None,
     startup_timeout: float | None = None,
+    rpc_channel: str | None = None,
+    rpc_spin: float | None = None,
+    max_restarts: int | None = None,
 ) -> Plan:
     """Decide backend, world size, executor and start method, with a reason for each.
 
@@ -77,5 +85,8 @@ def resolve(
         "ray_address": ray_address,
         "ray_pg_timeout": ray_pg_timeout,
         "startup_timeout": startup_timeout,
+        "rpc_channel": rpc_channel,
+        "rpc_spin": rpc_spin,
+        "max_restarts": max_restarts,
     }
     return resolve_with_sources(explicit, settings.sources("python"), config=config, assume=assume)

@@ -12,7 +12,7 @@ from typing import Any
 
 from hwlaunch._checks import did_you_mean, unknown_name_message
 from hwlaunch.errors import BackendUnavailableError, ConfigError
-from hwlaunch.plan import ExecutorName, Plan, RuntimeFacts
+from hwlaunch.plan import SPIN_WITH_FREE_CPUS, ExecutorName, Plan, RuntimeFacts
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
@@ -40,6 +40,7 @@ def decide(
     executor = choose_executor(spec, world, nodes, overrides, notes)
     method = start_method(spec, executor, overrides, notes)
     _note_backend_rules(spec, notes)
+    _note_binding(spec, executor, notes)
     env = worker_env(spec, overrides, notes)
     preload: tuple[str, ...] = ()
     if method == "forkserver":
@@ -55,6 +56,7 @@ def decide(
     notes.note(
         "startup_timeout", startup.value, startup.source, "seconds every worker has to be ready"
     )
+    rpc_channel, rpc_spin = _rpc_settings(executor, overrides, notes)
     return Plan(
         backend=spec.name,
         world_size=world.value,
@@ -70,10 +72,37 @@ def decide(
         ray_address=ray_address,
         ray_pg_timeout=pg_timeout,
         startup_timeout=startup.value,
+        rpc_channel=rpc_channel,
+        rpc_spin=rpc_spin,
+        max_restarts=max_restarts(executor, overrides, notes),
         decisions=tuple(notes.decisions),
         warnings=tuple(dict.fromkeys(notes.warnings)),
         facts=facts,
+        device_binding=str(spec.device_binding),
+        propagate_env=spec.propagate_env,
+        ray_noset_visibility_var=spec.ray_noset_visibility_var if executor == "ray" else None,
     )
+
+
+def max_restarts(executor: str, overrides: Overrides, notes: Notes) -> int:
+    """How often a failed worker group is restarted (0: fail-stop); uni never restarts."""
+    found = overrides.value("max_restarts")
+    value = int(found.value)
+    if executor == "uni" and value:
+        notes.warnings.append(
+            f"max_restarts {value} (from {found.source}) is not used: the uni executor runs "
+            "the worker in this process, which a restart cannot replace"
+        )
+        value = 0
+    notes.note(
+        "max_restarts",
+        value,
+        found.source,
+        "fail-stop: the first worker death ends the executor"
+        if value == 0
+        else "a failed worker group is stopped and started again, this many times at most",
+    )
+    return value
 
 
 # -- backend -------------------------------------------------------------------------------
@@ -226,6 +255,35 @@ def _note_backend_rules(spec: BackendSpec, notes: Notes) -> None:
     )
 
 
+BINDING_REASONS = {
+    "per_worker": "each worker sees only its own device (device index 0 in the worker)",
+    "job_wide": "each worker sees every device of the job on its node and selects its local rank",
+    "none": "the device-visibility variable is left as it is",
+}
+
+
+def _note_binding(spec: BackendSpec, executor: str, notes: Notes) -> None:
+    """The device binding, the variables copied from the driver, and Ray's opt-out."""
+    source = f"rule of backend {spec.name}"
+    binding = str(spec.device_binding)
+    notes.note("device_binding", binding, source, BINDING_REASONS[binding])
+    if spec.propagate_env:
+        notes.note(
+            "propagate_env",
+            list(spec.propagate_env),
+            source,
+            "copied from the driver's environment into every worker (names only: values are "
+            "never shown)",
+        )
+    if executor == "ray" and spec.ray_noset_visibility_var:
+        notes.note(
+            "ray_noset_visibility_var",
+            spec.ray_noset_visibility_var,
+            source,
+            "set on every actor so that Ray leaves the visibility variable to the binding",
+        )
+
+
 def worker_env(spec: BackendSpec, overrides: Overrides, notes: Notes) -> dict[str, str]:
     """The backend's worker_env, then the config file's [env], then its [backends.<name>.env]."""
     env = dict(spec.worker_env)
@@ -258,6 +316,36 @@ def _ray_settings(executor: str, overrides: Overrides, notes: Notes) -> tuple[st
         "ray_pg_timeout", timeout.value, timeout.source, "seconds to wait for the placement group"
     )
     return (found.value if found else None), float(timeout.value)
+
+
+def _rpc_settings(executor: str, overrides: Overrides, notes: Notes) -> tuple[str, float | None]:
+    """How the mp executor carries calls; the other executors have their own transport, so
+    the setting is noted only for mp."""
+    channel = overrides.value("rpc_channel")
+    spin = overrides.lookup("rpc_spin")
+    values = (str(channel.value), None if spin is None else float(spin.value))
+    if executor != "mp":
+        return values
+    notes.note(
+        "rpc_channel",
+        values[0],
+        channel.source,
+        "requests written once to shared memory that every worker reads; replies in a "
+        "slot per worker"
+        if values[0] == "shm"
+        else "requests and replies through each worker's pipe",
+    )
+    if values[0] == "shm":
+        notes.note(
+            "rpc_spin",
+            values[1],
+            spin.source if spin else "default",
+            "seconds a waiting side polls shared memory before it blocks"
+            if spin
+            else f"at start: {SPIN_WITH_FREE_CPUS:g} s where every worker has a CPU of its "
+            "own, else 0 (polling workers would take CPU from working ones)",
+        )
+    return values
 
 
 def check_backend_tables(specs: Mapping[str, Any], overrides: Overrides, notes: Notes) -> None:

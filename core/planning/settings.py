@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from hwlaunch._checks import did_you_mean
 from hwlaunch.errors import ConfigError
-from hwlaunch.plan import EXECUTORS
+from hwlaunch.plan import DEFAULT_RPC_CHANNEL, EXECUTORS, RPC_CHANNELS
 from hwlaunch.spec import START_METHODS
 
 if TYPE_CHECKING:
@@ -79,8 +79,16 @@ def _count(name: str, raw: object, source: str) -> int:
     return int(_number(name, raw, source, int, 1))
 
 
+def _restarts(name: str, raw: object, source: str) -> int:
+    return int(_number(name, raw, source, int, 0))
+
+
 def _seconds(name: str, raw: object, source: str) -> float:
     return float(_number(name, raw, source, float, 0.001))
+
+
+def _spin(name: str, raw: object, source: str) -> float:
+    return float(_number(name, raw, source, float, 0.0))
 
 
 def _choice(allowed: tuple[str, ...]) -> Parser:
@@ -168,6 +176,30 @@ SETTINGS: tuple[Setting, ...] = (
         "Seconds every worker has to become ready.",
         _seconds,
         default=600.0,
+    ),
+    Setting(
+        "rpc_channel",
+        "--rpc-channel",
+        "|".join(RPC_CHANNELS),
+        "How the mp executor carries calls: shared memory or each worker's pipe.",
+        _choice(RPC_CHANNELS),
+        allowed=RPC_CHANNELS,
+        default=DEFAULT_RPC_CHANNEL,
+    ),
+    Setting(
+        "rpc_spin",
+        "--rpc-spin",
+        "SECONDS",
+        "Seconds a side of the shm channel polls before it blocks (default: by free CPUs).",
+        _spin,
+    ),
+    Setting(
+        "max_restarts",
+        "--max-restarts",
+        "N",
+        "Times a failed mp or ray worker group is restarted (0: fail-stop).",
+        _restarts,
+        default=0,
     ),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

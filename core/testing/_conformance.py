@@ -37,6 +37,7 @@ import pytest
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
 from hwlaunch.plan import Plan, RuntimeFacts
 from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
+from hwlaunch.planning.policy import adjust
 from hwlaunch.planning.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
 from hwlaunch.planning.rules import decide
 from hwlaunch.planning.settings import Overrides, Sourced
@@ -50,6 +51,8 @@ ALWAYS_FORBIDDEN = ("torch", "ray")  # never imported by loading a plugin or cal
 PROBE_CALLS = 7  # calls of each probe; the median is held to the budget
 SOURCE = "hwlaunch.testing"
 MARKER_VAR = "HWLAUNCH_CONFORMANCE_MARKERS"  # where LifecycleProbe records each rank's shutdown
+PROPAGATED_VAR = "HWLAUNCH_CONFORMANCE_PROPAGATED"  # names LifecycleProbe reports the values of
+SECRET = "hwlaunch-conformance-secret-7f3a"  # set in propagated variables; never in plan output
 RPC_TIMEOUT = 120.0
 
 
@@ -70,7 +73,12 @@ class LifecycleProbe(Worker):
 
         joined = bool(dist.is_available() and dist.is_initialized())
         var = self.plan.device_control_env_var
+        names = self.plan.env.get(PROPAGATED_VAR, "")
         return {
+            "pid": os.getpid(),
+            "setup_plugins": list(self.setup_plugins),
+            "propagated": {n: os.environ.get(n) for n in names.split(",") if n},
+            "ray_noset": os.environ.get(self.plan.ray_noset_visibility_var or "", None),
             "rank": self.rank,
             "local_rank": self.local_rank,
             "world_size": self.world_size,
@@ -97,6 +105,23 @@ class LifecycleProbe(Worker):
                 marker.write_text(json.dumps({"error": error, "dist_initialized": joined}))
             if joined and dist is not None:  # recorded; now leave, so the next test starts clean
                 dist.destroy_process_group()
+
+
+def _documented_visibility(
+    spec: BackendSpec, rank: int, world: int, parent: str | None, facts: RuntimeFacts
+) -> str | None:
+    """The visibility variable of local rank ``rank`` on one node, as the binding documents it:
+    the job's devices are the first ``world`` of what the parent sees (its own setting of the
+    variable, else every device); ``per_worker`` gives the rank its own, ``job_wide`` all of
+    them, ``none`` leaves the parent's value."""
+    if spec.device_binding == "none" or spec.device_control_env_var is None:
+        return parent
+    if parent:
+        entries = [e.strip() for e in parent.split(",") if e.strip()]
+    else:
+        entries = [str(i) for i in range(max(facts.devices[spec.name].device_count, world))]
+    job = entries[:world]
+    return job[rank] if spec.device_binding == "per_worker" else ",".join(job)
 
 
 # -- what runs in a fresh interpreter ------------------------------------------------------------
@@ -202,7 +227,8 @@ class BackendConformance:
         them: ``("acme.device_count=8",)`` (or a mapping); added to ``<backend>.available=true``
         and ``<backend>.device_count=2``.
     ``executors``
-        The executors whose worker lifecycle is checked: ``("uni", "mp")`` by default.
+        The executors whose worker lifecycle is checked: ``("uni", "mp", "ray")`` by default
+        (ray: a real two-node cluster on 127.0.0.1, skipped where Ray is not installed).
     ``vendor_modules``
         The vendor's runtime modules; like torch and Ray, the probes must not import them.
     ``absent_env``
@@ -217,7 +243,7 @@ class BackendConformance:
 
     backend: ClassVar[str] = ""
     assume: ClassVar[Mapping[str, object] | tuple[str, ...]] = ()
-    executors: ClassVar[tuple[str, ...]] = ("uni", "mp")
+    executors: ClassVar[tuple[str, ...]] = ("uni", "mp", "ray")
     vendor_modules: ClassVar[tuple[str, ...]] = ()
     absent_env: ClassVar[Mapping[str, str] | tuple[str, ...]] = ()
     probe_imports_when_present: ClassVar[tuple[str, ...]] = ()
@@ -268,13 +294,29 @@ class BackendConformance:
         given.update(assumed or {})
         return apply_assumptions(facts, given, SOURCE) if given else facts
 
-    def plan(self, facts: RuntimeFacts, **overrides: object) -> Plan:
+    def plan(self, facts: RuntimeFacts, *, plugins: bool = False, **overrides: object) -> Plan:
+        """The rules' plan; with ``plugins``, also what resolve() adds: every installed plugin's
+        policy proposals, the worker-setup plugins, the propagated names."""
         spec = self.spec()
         count = facts.devices[spec.name].device_count
         world = min(2, count) if spec.is_accelerator else 2
         values: dict[str, object] = {"backend": spec.name, "world_size": world, "executor": "mp"}
         values.update(overrides)
-        return decide({spec.name: spec}, facts, _overrides(**values))
+        chosen = _overrides(**values)
+        plan = decide({spec.name: spec}, facts, chosen)
+        if not plugins:
+            return plan
+        return adjust(plan, _registry(tuple(sys.path)), spec, chosen, os.environ, strict=True)
+
+    def propagation_env(self) -> dict[str, str]:
+        """One variable per ``propagate_env`` prefix, holding :data:`SECRET`; plain names are
+        the user's, and are checked with their own values where set."""
+        spec = self.spec()
+        env = {
+            p[:-1] + "HWLAUNCH_CONFORMANCE": SECRET for p in spec.propagate_env if p.endswith("*")
+        }
+        env.update({p: os.environ[p] for p in spec.propagate_env if p in os.environ})
+        return env
 
     def rule_facts(self, *, initialized: bool = False, main_guard: str = "guarded") -> RuntimeFacts:
         """Facts for the rule checks: only the states named here, whatever this process is in."""
@@ -487,7 +529,14 @@ class BackendConformance:
                     self.plan(facts, start_method=method)
 
     # -- the worker lifecycle ------------------------------------------------------------------
-    def run_lifecycle(self, executor: str, method: str | None, markers: Path) -> None:
+    def run_lifecycle(
+        self,
+        executor: str,
+        method: str | None,
+        markers: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        **extra: object,
+    ) -> None:
         """Start the workers, check what they report and an all-reduce, shut them down."""
         from hwlaunch.executor.launcher import launch
 
@@ -510,43 +559,90 @@ class BackendConformance:
         world = (
             1 if executor == "uni" else min(2, device.device_count) if spec.is_accelerator else 2
         )
+        propagated = self.propagation_env()
+        for name, value in propagated.items():
+            monkeypatch.setenv(name, value)
+        parent_visible = os.environ.get(spec.device_control_env_var or "")
         try:
-            plan = decide(
-                {spec.name: spec},
+            plan = self.plan(
                 facts,
-                _overrides(
-                    backend=spec.name, world_size=world, executor=executor, start_method=method
-                ),
+                plugins=True,
+                backend=spec.name,
+                world_size=world,
+                executor=executor,
+                start_method=method,
+                **extra,
             )
         except StartMethodError as exc:
             if method == "fork" and device.initialized:
                 pytest.skip(f"fork is unsafe in this test process: {exc}")
             raise
-        plan = dataclasses.replace(plan, env={**plan.env, MARKER_VAR: str(markers)})
+        plan = dataclasses.replace(
+            plan, env={**plan.env, MARKER_VAR: str(markers), PROPAGATED_VAR: ",".join(propagated)}
+        )
         with launch(plan, worker_extension=LifecycleProbe, startup_timeout=RPC_TIMEOUT) as workers:
             reports = workers.collective_rpc("conformance_report", timeout=RPC_TIMEOUT)
             sums = workers.collective_rpc("all_reduce_rank", timeout=RPC_TIMEOUT)
             workers.check_health()
         self.check_lifecycle(plan, executor, reports, sums, markers)
+        visible = [
+            _documented_visibility(spec, r, world, parent_visible, facts) for r in range(world)
+        ]
+        self.check_contract(plan, executor, reports, visible, propagated)
+
+    def check_contract(
+        self,
+        plan: Plan,
+        executor: str,
+        reports: list[Any],
+        visible: list[str | None],
+        propagated: dict[str, str],
+    ) -> None:
+        """Contract v1 in the workers: the binding's variable (mp), each setup hook once per
+        worker, the propagated variables, Ray's opt-out variable, one process per rank."""
+        spec, world = self.spec(), plan.world_size
+        for rank, report in enumerate(reports):
+            if executor == "mp":
+                assert report["visible"] == visible[rank], (
+                    f"rank {rank}: {spec.device_control_env_var} is {report['visible']!r}; binding "
+                    f"{spec.device_binding!r} documents {visible[rank]!r}"
+                )
+            assert report["setup_plugins"] == list(plan.worker_setup), (
+                f"rank {rank}: hwlaunch_worker_setup ran for {report['setup_plugins']}, expected "
+                f"once for each of {list(plan.worker_setup)}"
+            )
+            assert report["propagated"] == propagated, (
+                f"rank {rank}: propagated variables arrived as {report['propagated']}, "
+                f"expected {propagated}"
+            )
+        if executor == "ray" and plan.ray_noset_visibility_var:
+            noset = [r["ray_noset"] for r in reports]
+            assert noset == ["1"] * world, f"{plan.ray_noset_visibility_var} in the actors: {noset}"
+        if executor != "uni":
+            pids = [r["pid"] for r in reports]
+            assert len(set(pids)) == world and os.getpid() not in pids, f"worker pids {pids}"
 
     def check_lifecycle(
         self, plan: Plan, executor: str, reports: list[Any], sums: list[Any], markers: Path
     ) -> None:
         """What every rank reported after start-up, the all-reduce, and its shutdown marker."""
-        spec, world = self.spec(), plan.world_size
+        world = plan.world_size
         for rank, report in enumerate(reports):
             _same(
                 f"rank {rank} after start-up",
                 report,
-                {"rank": rank, "local_rank": rank, "world_size": world, "is_backend_worker": True},
+                {
+                    "rank": rank,
+                    "local_rank": 0 if executor == "ray" else rank,  # ray: one rank per node
+                    "world_size": world,
+                    "is_backend_worker": True,
+                },
             )
             assert report["device"] is not None, "init_device() must set self.device"
             assert report["dist_initialized"], "init_distributed() did not join a process group"
             assert report["dist_backend"] == plan.dist_backend, (
                 f"rank {rank} joined a {report['dist_backend']!r} group, not {plan.dist_backend!r}"
             )
-            if executor == "mp" and spec.device_control_env_var:
-                assert report["visible"], f"{spec.device_control_env_var} not set in the worker"
         assert sums == [world * (world - 1) // 2] * world, f"all-reduce of rank ids gave {sums}"
         for rank in range(world):
             marker = markers / f"rank{rank}.json"
@@ -559,14 +655,122 @@ class BackendConformance:
 
     # mp first: the uni executor runs the worker in this process, which may initialize the
     # device here and make fork unsafe for whatever follows.
-    def test_lifecycle_mp_fork(self, tmp_path: Path) -> None:
-        self.run_lifecycle("mp", "fork", tmp_path)
+    def test_lifecycle_mp_fork(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.run_lifecycle("mp", "fork", tmp_path, monkeypatch)
 
-    def test_lifecycle_mp_spawn(self, tmp_path: Path) -> None:
-        self.run_lifecycle("mp", "spawn", tmp_path)
+    def test_lifecycle_mp_spawn(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.run_lifecycle("mp", "spawn", tmp_path, monkeypatch)
 
-    def test_lifecycle_mp_forkserver(self, tmp_path: Path) -> None:
-        self.run_lifecycle("mp", "forkserver", tmp_path)
+    def test_lifecycle_mp_forkserver(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.run_lifecycle("mp", "forkserver", tmp_path, monkeypatch)
 
-    def test_lifecycle_uni(self, tmp_path: Path) -> None:
-        self.run_lifecycle("uni", None, tmp_path)
+    def test_lifecycle_uni(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.run_lifecycle("uni", None, tmp_path, monkeypatch)
+
+    def test_lifecycle_ray_two_nodes(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Two ranks on two Ray nodes (a real cluster on 127.0.0.1): setup once per actor, and
+        the propagated variables arrive through Ray's runtime environment, not inheritance
+        (they are set only after the nodes started)."""
+        if "ray" not in self.executors:
+            pytest.skip(f"executor 'ray' is not in {type(self).__name__}.executors")
+        cluster_utils = pytest.importorskip("ray.cluster_utils")
+        spec = self.spec()
+        if not gather_facts({spec.name: spec}).devices[spec.name].available:
+            pytest.skip(f"no {spec.name} device on this machine")
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        node: dict[str, Any] = {
+            "num_cpus": 1,
+            "object_store_memory": 100 * 1024**2,
+            "node_ip_address": "127.0.0.1",
+        }
+        if spec.ray_resource == "GPU":
+            node["num_gpus"] = 1
+        elif spec.ray_resource != "CPU":
+            node["resources"] = {spec.ray_resource: 1}
+        cluster = cluster_utils.Cluster(
+            initialize_head=True, head_node_args={**node, "include_dashboard": False}
+        )
+        try:
+            cluster.add_node(**node)
+            cluster.wait_for_nodes()
+            self.run_lifecycle(
+                "ray", None, tmp_path, monkeypatch, nnodes=2, ray_address=cluster.address
+            )
+        finally:
+            cluster.shutdown()
+
+    # -- contract v1: policy, binding, propagated names ---------------------------------------
+    def test_policy_proposals_respect_the_rule(self) -> None:
+        """Whatever the installed plugins propose, the plan still obeys the backend's rule and
+        keeps what the user set."""
+        spec = self.spec()
+        rule = spec.start_methods
+        for initialized, guard in ((False, "guarded"), (True, "guarded"), (False, "unguarded")):
+            facts = self.rule_facts(initialized=initialized, main_guard=guard)
+            offered = [m for m in rule.allowed if m in facts.os_start_methods]
+            for method in (None, *offered):
+                try:
+                    plan = self.plan(facts, plugins=True, start_method=method)
+                except StartMethodError:
+                    continue  # the rules refuse it; the rule checks above cover that
+                where = f"(initialized={initialized}, main {guard}, start_method={method})"
+                assert plan.start_method in rule.allowed, f"{where}: {plan.start_method}"
+                if method is not None:
+                    assert plan.start_method == method, f"{where}: user's {method} overridden"
+                if guard == "unguarded":
+                    assert plan.start_method == "fork", f"{where}: {plan.start_method} re-imports"
+                if initialized and rule.fork_unsafe_after_init and method != "fork":
+                    assert plan.start_method != "fork", f"{where}: fork after device init"
+                for d in plan.decisions:
+                    if d.source.startswith("plugin "):
+                        assert d.reason.strip(), (
+                            f"{where}: {d.setting} from {d.source} has no reason"
+                        )
+
+    def test_binding_sets_documented_variables(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """What each rank's visibility variable holds under the backend's device binding."""
+        from hwlaunch.executor.base import worker_environment
+
+        spec = self.spec()
+        if spec.device_control_env_var:
+            monkeypatch.delenv(spec.device_control_env_var, raising=False)
+        facts = self.facts({f"{spec.name}.available": True, f"{spec.name}.device_count": 4})
+        plan = self.plan(facts, world_size=2)
+        assert plan.device_binding == spec.device_binding
+        for rank in range(2):
+            env = worker_environment(plan, rank, rank, "127.0.0.1", 1)
+            var = spec.device_control_env_var
+            got = env.get(var) if var else None
+            expected = _documented_visibility(spec, rank, 2, None, facts)
+            assert got == expected, f"rank {rank}: {var}={got!r}, binding documents {expected!r}"
+
+    def test_propagated_values_never_in_plan_output(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        spec = self.spec()
+        env = {k: v for k, v in self.propagation_env().items() if v == SECRET}
+        if not env:
+            pytest.skip(f"backend {spec.name} declares no propagate_env prefix")
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        plan = self.plan(self.facts(), plugins=True)
+        shown = plan.decision("propagate_env").value
+        assert set(env) <= set(shown), f"propagate_env decision lists {shown}, not {sorted(env)}"
+        for text in (plan.explain(), json.dumps(plan.to_dict())):
+            assert SECRET not in text, "a propagated variable's value appears in the plan"
+        assumed = [f"{k}={v}" for k, v in {f"{spec.name}.available": "true"}.items()]
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "hwlaunch.cli",
+                "resolve",
+                "--backend",
+                spec.name,
+                "--json",
+                *(a for item in assumed for a in ("--assume", item)),
+            ],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert SECRET not in done.stdout + done.stderr, "a propagated value appears in --json"

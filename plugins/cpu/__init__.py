@@ -29,6 +29,7 @@ def hwlaunch_register_backends(register: Register) -> None:
             dist_backend="gloo",
             worker="hwlaunch.plugins.cpu.worker:CPUWorker",
             device_control_env_var=None,
+            device_binding="none",
             ray_resource="CPU",
         )
     )

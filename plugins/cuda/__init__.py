@@ -57,6 +57,8 @@ def hwlaunch_register_backends(register: Register) -> None:
             dist_backend="nccl",
             worker="hwlaunch.plugins.cuda.worker:CUDAWorker",
             device_control_env_var="CUDA_VISIBLE_DEVICES",
+            device_binding="per_worker",
+            ray_noset_visibility_var="RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES",
             ray_resource="GPU",
         )
     )

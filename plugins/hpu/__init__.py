@@ -50,6 +50,8 @@ def hwlaunch_register_backends(register: Register) -> None:
             dist_backend="hccl",
             worker="hwlaunch.plugins.hpu.worker:HPUWorker",
             device_control_env_var="HABANA_VISIBLE_MODULES",
+            device_binding="per_worker",
+            ray_noset_visibility_var="RAY_EXPERIMENTAL_NOSET_HABANA_VISIBLE_MODULES",
             ray_resource="HPU",
         )
     )

@@ -57,6 +57,10 @@ def hwlaunch_register_backends(register: Register) -> None:
             dist_backend="xccl",  # the worker switches to ccl where oneCCL is installed
             worker="hwlaunch.plugins.xpu.worker:XPUWorker",
             device_control_env_var="ZE_AFFINITY_MASK",
+            # oneCCL hangs across processes when each worker sees only its own device: every
+            # worker sees the job's devices and selects its local rank.
+            device_binding="job_wide",
+            ray_noset_visibility_var="RAY_EXPERIMENTAL_NOSET_ZE_AFFINITY_MASK",
             ray_resource="GPU",
         )
     )

@@ -13,8 +13,8 @@ class XPUWorker(Worker):
 
         if self.process_group_backend() == "ccl":
             import oneccl_bindings_for_pytorch  # noqa: F401  (registers the ccl backend)
-        torch.xpu.set_device(self.local_rank)
-        self.device = torch.device("xpu", self.local_rank)
+        torch.xpu.set_device(self.device_index)
+        self.device = torch.device("xpu", self.device_index)
 
     def process_group_backend(self) -> str:
         """oneCCL's ``ccl`` where its bindings are installed on this node, else torch's xccl."""

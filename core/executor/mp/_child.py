@@ -6,6 +6,9 @@ parent's death (even by SIGKILL) is an EOF here. PR_SET_PDEATHSIG adds a kernel 
 is set only when the thread that forked us is a main thread (the launcher's, or the fork
 server's), because the kernel fires it when that *thread* exits, and a launch from a
 short-lived thread must not kill us.
+
+Whatever ends the worker, its descendants go first (``process_tree``): every exit path runs
+through ``_end_process_tree``.
 """
 
 from __future__ import annotations
@@ -18,38 +21,65 @@ import pickle
 import signal
 import sys
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-import psutil
-
 from hwlaunch.executor._mainprep import refuse_reimport, reimport_main
 from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.executor.mp import _process_tree as process_tree
+from hwlaunch.executor.mp._shm_channel import ShmEndpoint
 from hwlaunch.plan import Plan
 
 PR_SET_PDEATHSIG = 1
 
 
 _exiting = threading.Lock()
+_exiting_thread: int | None = None
+_death_r: Connection | None = None
 
 
-def _end_process_tree(code: int) -> None:
-    """Stop this worker's own children (compile pools, DataLoader workers), then exit now.
-
-    Runs from the death-pipe thread or the SIGTERM handler, whichever comes first; the other
-    returns at once. Re-entering (a second SIGTERM interrupting the first handler) could
-    otherwise deadlock on locks the first call holds, leaving a worker behind its dead parent.
-    psutil is imported at module level for the same reason: no import lock is taken here.
-    """
-    if not _exiting.acquire(blocking=False):
-        return
+def _parent_gone() -> bool:
+    """EOF on the death pipe: the parent, its only writer, has ended."""
     try:
-        children = psutil.Process().children(recursive=True)
-        for child in children:
-            child.kill()
-        psutil.wait_procs(children, timeout=1)
+        return _death_r is not None and _death_r.poll(0)
+    except (EOFError, OSError):
+        return True
+
+
+def _end_process_tree(code: int, *, exit_now: bool = True) -> None:
+    """Stop this worker's descendants (compile pools, DataLoader workers, Popen), then exit now.
+
+    Every exit path of the worker comes here: the death-pipe thread, the SIGTERM handler
+    (PR_SET_PDEATHSIG or the parent's shutdown), the end of ``serve`` and a start-up failure.
+    The first caller does the work; a re-entry on the same thread (a second SIGTERM
+    interrupting the first handler) returns at once, and any other thread waits for the first
+    to end the process, so that no path exits while another is still killing descendants.
+    When the parent is gone the end is SIGKILL to the worker's own group, which also takes a
+    child forked at that instant (a Pool replacing the processes being killed).
+    Without ``exit_now`` (the end of ``serve``) a worker whose parent lives returns, to end
+    the ordinary way (atexit handlers, flushed output). No import lock is taken here.
+    """
+    global _exiting_thread
+    if not _exiting.acquire(blocking=False):
+        if _exiting_thread == threading.get_ident():
+            return
+        time.sleep(process_tree.END_LIMIT + 1.0)  # the first caller ends the process first
+        os._exit(code)
+    _exiting_thread = threading.get_ident()
+    try:
+        process_tree.end_descendants()
+        if _parent_gone():
+            process_tree.end_group_and_self()
     except Exception:
         pass
+    if not exit_now:
+        _exiting_thread = None
+        _exiting.release()  # a later SIGTERM (a shutdown that escalates) ends the process again
+        return
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
     os._exit(code)
 
 
@@ -64,6 +94,9 @@ def _default_sigterm() -> None:
 
 
 def _install_liveness(death_r: Connection, pdeathsig: bool, parent_pid: int | None) -> None:
+    global _death_r
+    _death_r = death_r
+    process_tree.arm()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, lambda *_: _end_process_tree(128 + signal.SIGTERM))
     # A child this worker forks (a multiprocessing or DataLoader worker) must not inherit the
@@ -91,6 +124,7 @@ def worker_main(
     env: dict[str, str],
     replace_environ: bool,
     conn: Connection,
+    channel: Connection | ShmEndpoint,
     death_r: Connection,
     inherited_fds: tuple[int, ...],
     pdeathsig: bool,
@@ -138,7 +172,8 @@ def worker_main(
     except BaseException as exc:
         _fail_startup(conn, Failure.current(exc))
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
-    serve(worker, conn)
+    serve(worker, rank, channel)
+    _end_process_tree(0, exit_now=False)  # told to shut down, or the parent's pipe closed
 
 
 def _reimport_failure(exc: BaseException, main: tuple[str, str], method: str | None) -> Failure:
@@ -156,20 +191,25 @@ def _fail_startup(conn: Connection, failure: Failure) -> NoReturn:
     """Send the start-up failure to the parent and end this worker and its children."""
     conn.send_bytes(pickle.dumps(("startup_error", failure)))
     _end_process_tree(1)
-    os._exit(1)  # reached only when the death-pipe thread is already ending the process
+    os._exit(1)  # not reached: another path is ending the process
 
 
-def serve(worker: Any, conn: Connection) -> None:
-    """Answer ``(kind, rpc_id, payload)`` requests with ``(rpc_id, ok, value)`` replies."""
+def serve(worker: Any, rank: int, channel: Connection | ShmEndpoint) -> None:
+    """Answer ``(kind, rpc_id, payload, reply_rank)`` requests with ``(rpc_id, ok, value)``.
+
+    ``channel`` is this rank's pipe or its shared-memory endpoint; both read and write whole
+    messages. With a ``reply_rank`` other than this rank, the value stays here (None travels).
+    """
     while True:
         try:
-            kind, rpc_id, payload = pickle.loads(conn.recv_bytes())
+            kind, rpc_id, payload, reply_rank = pickle.loads(channel.recv_bytes())
         except (EOFError, OSError):
             break
         if kind == "shutdown":
             try:
                 worker.shutdown()
             finally:
-                conn.send_bytes(pickle.dumps((rpc_id, True, None)))
+                channel.send_bytes(pickle.dumps((rpc_id, True, None)))
             break
-        conn.send_bytes(answer(worker, payload, rpc_id))
+        keep = reply_rank is None or reply_rank == rank
+        channel.send_bytes(answer(worker, payload, rpc_id, keep_value=keep))

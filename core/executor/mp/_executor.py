@@ -15,14 +15,15 @@ import os
 import pickle
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from multiprocessing.util import Finalize
 from typing import Any
 
-from hwlaunch.errors import WorkerStartupError, describe_exitcode
+from hwlaunch.errors import WorkerDiedError, WorkerStartupError, describe_exitcode
 from hwlaunch.executor._mainprep import main_entry, withholding_main
 from hwlaunch.executor._runtime import Failure, Request, dumps, loads
 from hwlaunch.executor.base import (
@@ -33,9 +34,12 @@ from hwlaunch.executor.base import (
     startup_failure,
     worker_environment,
 )
+from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._child import worker_main
 from hwlaunch.executor.mp._forkserver import prepare_forkserver
 from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
+from hwlaunch.executor.mp._pipe_channel import open_channel
+from hwlaunch.executor.mp._shm_channel import ChannelLost, ShmChannel
 from hwlaunch.plan import Plan
 
 __all__ = ["MultiprocExecutor"]
@@ -57,6 +61,16 @@ def _global_start_method_kept() -> Iterator[None]:
     finally:
         if was_unset:
             default._actual_context = None
+
+
+def _decode_reply(data: bytes | memoryview) -> tuple[int | None, bool, Any]:
+    """``(rpc_id, ok, value)``; a reply that cannot be unpickled here (e.g. a result whose class
+    the parent cannot import) is a Failure of the call it answers."""
+    try:
+        reply: tuple[int, bool, Any] = loads(data)
+        return reply
+    except Exception as exc:
+        return None, False, Failure.current(exc)
 
 
 class MultiprocExecutor(Executor):
@@ -91,6 +105,12 @@ class MultiprocExecutor(Executor):
         """The workers' process ids, in rank order (kept after shutdown, for diagnostics)."""
         return list(self._group.pids)
 
+    @property
+    def rpc_spin(self) -> float | None:
+        """Seconds a waiting side of the shm channel polls before it blocks (None: pipes)."""
+        channel = self._group.channel
+        return channel.spin if isinstance(channel, ShmChannel) else None
+
     # -- start-up ------------------------------------------------------------------------
     def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
         plan, group = self.plan, self._group
@@ -101,6 +121,7 @@ class MultiprocExecutor(Executor):
         master_port = free_port()
         death_r, death_w = ctx.Pipe(duplex=False)
         group.death_w = death_w
+        group.channel = open_channel(plan.rpc_channel, plan.world_size, plan.rpc_spin)
         for rank in range(plan.world_size):
             options = self._child_options(rank, extension, init_distributed, master_port)
             self._spawn(ctx, rank, options, death_r, death_w)
@@ -148,12 +169,16 @@ class MultiprocExecutor(Executor):
         death_r: Connection,
         death_w: Connection,
     ) -> None:
-        group = self._group
+        group, channel = self._group, self._group.channel
+        assert channel is not None
         parent_conn, child_conn = ctx.Pipe()
         group.conns.append(parent_conn)
+        channel.conns.append(parent_conn)
         inherited: tuple[int, ...] = ()
         if self.plan.start_method == "fork":
             inherited = (death_w.fileno(), *(c.fileno() for c in group.conns))
+            inherited += channel.child_fds(rank)
+        options = dict(options, conn=child_conn, channel=channel.endpoint(rank, child_conn))
         name = f"hwlaunch-{self.plan.backend}-rank{rank}"
         with _global_start_method_kept():
             entry = main_entry(name) if self.plan.start_method != "fork" else None
@@ -164,7 +189,6 @@ class MultiprocExecutor(Executor):
                 name=name,
                 kwargs=dict(
                     options,
-                    conn=child_conn,
                     death_r=death_r,
                     inherited_fds=inherited,
                     main=entry if withheld else None,
@@ -174,6 +198,7 @@ class MultiprocExecutor(Executor):
             process.start()
         group.processes.append(process)
         group.pids.append(process.pid)
+        group.identities.append(process_tree.identify(process.pid))
         child_conn.close()
         self._status(rank, "started")
 
@@ -214,68 +239,62 @@ class MultiprocExecutor(Executor):
 
     # -- RPC -----------------------------------------------------------------------------
     def _exchange(
-        self, request: Request, label: str, timeout: float | None
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         group = self._group
         payload = dumps(request)
+        group.await_cleanup()
         with group.lock:
             if group.closing:
                 raise group.died or self._closed_during(label)
             group.rpc_thread = threading.get_ident()
         try:
             self._rpc_id += 1
-            return self._send_and_collect(self._rpc_id, payload, label, timeout)
+            message = pickle.dumps(("call", self._rpc_id, payload, reply_rank))
+            return self._send_and_collect(self._rpc_id, message, label, timeout)
         finally:
             group.leave_rpc()
 
     def _send_and_collect(
-        self, rpc_id: int, payload: bytes, label: str, timeout: float | None
+        self, rpc_id: int, request: bytes, label: str, timeout: float | None
     ) -> tuple[list[Any], dict[int, Failure]]:
-        group = self._group
-        request = pickle.dumps(("call", rpc_id, payload))
-        for rank, conn in enumerate(group.conns):
-            try:
-                conn.send_bytes(request)
-            except OSError:
-                raise self._lost(rank, label) from None
+        group, channel = self._group, self._group.channel
+        assert channel is not None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            channel.send(request, group.check_alive, deadline)
+        except ChannelLost as lost:
+            raise self._lost(lost.rank, label) from None
+        except TimeoutError:
+            raise self._timed_out(label, list(range(group.world_size)), timeout) from None
         results: list[Any] = [None] * group.world_size
         failures: dict[int, Failure] = {}
         sentinels = {p.sentinel: rank for rank, p in enumerate(group.processes)}
+        pending = {rank: rank for rank in range(group.world_size)}
 
-        def wait(conns: list[Connection], remaining: float | None) -> list[Connection]:
-            ready: list[Any] = connection.wait([*conns, *sentinels], timeout=remaining)
-            for obj in ready:  # replies first: a worker may answer, then end
-                if not isinstance(obj, int):
-                    take_reply(obj, by_conn[obj])
-            for obj in ready:
-                if isinstance(obj, int):
-                    raise self._lost(sentinels[obj], label)
+        def wait(ranks: list[int], remaining: float | None) -> list[int]:
+            try:
+                replies, ended = channel.receive(ranks, remaining, list(sentinels), _decode_reply)
+            except ChannelLost as lost:
+                raise self._lost(lost.rank, label) from None
+            for rank, (reply_id, ok, value) in replies:  # replies first: one may answer, then end
+                if reply_id not in (None, rpc_id):
+                    continue  # a late reply to an earlier call
+                del pending[rank]  # None: undecodable, which can only be this call's reply
+                if ok:
+                    results[rank] = value
+                else:
+                    failures[rank] = value
+            if ended:
+                raise self._lost(min(sentinels[s] for s in ended), label)
             return []
 
-        def take_reply(conn: Connection, rank: int) -> None:
-            try:
-                data = conn.recv_bytes()
-            except (EOFError, OSError):
-                raise self._lost(rank, label) from None
-            try:
-                reply_id, ok, value = loads(data)
-            except Exception as exc:  # e.g. a result whose class the parent cannot import
-                reply_id, ok, value = rpc_id, False, Failure.current(exc)
-            if reply_id != rpc_id:
-                return  # a stale reply: this rank's answer is still to come
-            del pending[conn]
-            if ok:
-                results[rank] = value
-            else:
-                failures[rank] = value
-
-        pending = {conn: rank for rank, conn in enumerate(group.conns)}
-        by_conn = dict(pending)
+        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         gather(
             pending,
             wait,
-            lambda conn, rank: False,
-            timeout,
+            lambda rank, _: False,
+            remaining,
             lambda ranks: self._timed_out(label, ranks, timeout),
         )
         return results, failures
@@ -292,6 +311,7 @@ class MultiprocExecutor(Executor):
     # -- state and stop ------------------------------------------------------------------
     def _raise_if_closed(self) -> None:
         group = self._group
+        group.await_cleanup()
         with group.lock:
             died, closing, because = group.died, group.closing, group.closed_because
         if died is not None:
@@ -306,6 +326,10 @@ class MultiprocExecutor(Executor):
         if ended:
             raise self._lost(ended[0], "check_health")
         super().check_health()
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
+        # On the group, not self: the group's finalizer must not keep the executor alive.
+        self._group.on_death = callback
 
     def _stop(self, polite: bool = True) -> None:
         self._finalizer.cancel()

@@ -9,11 +9,17 @@ import contextlib
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
+import psutil
+
 from hwlaunch.errors import WorkerDiedError
+from hwlaunch.executor.mp import _process_tree as process_tree
+from hwlaunch.executor.mp._pipe_channel import Channel
+from hwlaunch.executor.mp._shm_channel import ChannelLost
 
 __all__ = ["EXIT_CODE_WAIT", "WorkerGroup"]
 
@@ -38,13 +44,16 @@ class WorkerGroup:
         self.world_size = world_size
         self.processes: list[BaseProcess] = []
         self.pids: list[int | None] = []
+        self.identities: list[psutil.Process | None] = []  # pid + start time, for sweeps
         self.conns: list[Connection] = []
+        self.channel: Channel | None = None  # carries requests and replies once started
         self.death_w: Connection | None = None
         self.wake_r: Connection | None = None
         self.wake_w: Connection | None = None
         self.monitor: threading.Thread | None = None
         self.lock = threading.Lock()
         self.died: WorkerDiedError | None = None  # the first unexpected death
+        self.on_death: Callable[[WorkerDiedError], None] | None = None  # the restart controller
         self.closing = False  # shutdown has begun
         self.closed_because = "shutdown() was called"
         self.finished = threading.Event()  # shutdown has ended: every worker is gone
@@ -77,7 +86,9 @@ class WorkerGroup:
             return
         rank = min(sentinels[s] for s in ready if isinstance(s, int) and s in sentinels)
         # Not waiting: a shutdown already in progress elsewhere joins this thread.
-        self.record_death(rank, wait=False)
+        died = self.record_death(rank, wait=False)
+        if died is not None and self.on_death is not None:
+            self.on_death(died)
 
     # -- shutdown ------------------------------------------------------------------------
     def shutdown(
@@ -111,13 +122,26 @@ class WorkerGroup:
             self.finished.set()
 
     def _stop_workers(self, polite: bool) -> None:
+        # Each worker kills its own descendants on the way out; what a worker that was killed
+        # (or that could not finish) left behind is swept here once it has ended.
+        seen = [process_tree.descendants(worker) for worker in self.identities]
+        try:
+            self._end_workers(polite)
+        finally:
+            for worker, found in zip(self.identities, seen, strict=True):
+                process_tree.sweep(worker, found)
+
+    def _end_workers(self, polite: bool) -> None:
         if self.wake_w is not None:
             with contextlib.suppress(OSError):
                 self.wake_w.send_bytes(b"stop")  # the monitor stops watching
-        if polite:
-            for conn in self.conns:
-                with contextlib.suppress(OSError):
-                    conn.send_bytes(pickle.dumps(("shutdown", 0, b"")))
+        if polite and self.channel is not None:
+            with contextlib.suppress(ChannelLost, OSError, TimeoutError):
+                self.channel.send(
+                    pickle.dumps(("shutdown", 0, b"", None)),
+                    self.check_alive,
+                    time.monotonic() + SHUTDOWN_GRACE,
+                )
             deadline = time.monotonic() + SHUTDOWN_GRACE
             for process in self.processes:
                 process.join(max(0.0, deadline - time.monotonic()))
@@ -144,9 +168,23 @@ class WorkerGroup:
         for pipe in pipes:
             if pipe is not None:
                 pipe.close()
+        if self.channel is not None:
+            self.channel.close()
         for process in self.processes:
             if process.exitcode is not None:  # one that survived SIGKILL keeps its handle
                 process.close()
+
+    def check_alive(self) -> None:
+        """Raise ChannelLost for the first worker that has ended (a writer's wait stops)."""
+        for rank, process in enumerate(self.processes):
+            if process.exitcode is not None:
+                raise ChannelLost(rank)
+
+    def await_cleanup(self) -> None:
+        """A shutdown in progress (after a death, from another thread) ends first, so that an
+        error raised after it describes a group whose processes, descendants too, are gone."""
+        if self.closing:
+            self.finished.wait(SHUTDOWN_GRACE + 3 * SIGNAL_GRACE)
 
     def leave_rpc(self) -> None:
         """The RPC thread is done with the pipes; close them if a shutdown left that to it."""

@@ -7,6 +7,7 @@ as the mp child does, so errors and semantics match.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 from hwlaunch.executor._runtime import Failure, answer, start_worker
@@ -70,11 +71,16 @@ class RankActor:
             return Failure.current(exc)
         return None
 
-    def call(self, payload: bytes) -> bytes:
+    def call(self, payload: bytes, keep_value: bool = True) -> bytes:
         """One RPC: ``(ok, result or Failure)``, pickled here so an unpicklable result is a
         WorkerError, as under the mp executor."""
-        return answer(self.worker, payload)
+        return answer(self.worker, payload, keep_value=keep_value)
 
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
+
+    def watch(self) -> None:
+        """Never returns: Ray fails this call when the actor dies (its process killed, its node
+        lost). It runs in a concurrency group of its own, so calls still run one at a time."""
+        threading.Event().wait()

@@ -3,6 +3,12 @@
 Ray is an optional dependency (``pip install 'hwlaunch[ray]'``), imported only here and only
 when this executor runs. The connection is ``_cluster``'s, the placement ``_placement``'s, and
 what runs inside each actor ``_actor``'s.
+
+Liveness between calls: each actor also runs ``watch``, a call that never returns, in a
+concurrency group of its own (so RPCs still run one at a time, on the actor's default
+thread). Ray fails that call the moment it learns that the actor died (its process killed,
+its node lost); a monitor thread waiting on these calls marks the executor dead then, so
+``check_health()`` and the next RPC fail at once, and a restart controller is told.
 """
 
 from __future__ import annotations
@@ -20,7 +26,13 @@ from typing import Any
 
 from hwlaunch.errors import BackendUnavailableError, WorkerDiedError, WorkerStartupError
 from hwlaunch.executor._runtime import Failure, Request, dumps, loads
-from hwlaunch.executor.base import Executor, StatusCallback, gather, worker_environment
+from hwlaunch.executor.base import (
+    Executor,
+    StatusCallback,
+    bound_devices,
+    gather,
+    worker_environment,
+)
 from hwlaunch.executor.ray._actor import RankActor
 from hwlaunch.executor.ray._cluster import connect, import_ray, release
 from hwlaunch.executor.ray._placement import (
@@ -37,6 +49,8 @@ from hwlaunch.plan import Plan
 __all__ = ["RayExecutor"]
 
 SHUTDOWN_GRACE = 5.0
+WATCH_GROUP = "hwlaunch_watch"  # the actors' concurrency group for watch()
+MONITOR_POLL = 0.5  # seconds between the monitor's checks that the executor is still open
 # Ray copies arguments up to this size into each call; a larger payload is put in the object
 # store once and shared by every rank.
 INLINE_ARGS_LIMIT = 100 * 1024
@@ -67,15 +81,73 @@ class _ActorGroup:
         self.closed = False
         self.busy = False
         self.lock = threading.Lock()
+        self.died: WorkerDiedError | None = None  # the first unexpected death
+        self.released = False  # this group's use of the connection has ended
+        self.monitor: threading.Thread | None = None
+        self.on_death: Callable[[WorkerDiedError], None] | None = None  # the restart controller
 
-    def shutdown(self, polite: bool = True) -> None:
-        """Let workers leave the process group, then kill the actors and free the placement
-        group. Idempotent; never hangs; quiet when Ray is already gone (interpreter exit)."""
+    # -- deaths --------------------------------------------------------------------------
+    def record_death(self, rank: int, exc: BaseException) -> WorkerDiedError | None:
+        """The first death of an actor (None when the group was closed on purpose)."""
         with self.lock:
-            if self.closed:
-                return
-            self.closed = True
+            if self.died is None and not self.closed:
+                node = self.nodes[rank] if rank < len(self.nodes) else None
+                where = (
+                    f"Ray actor on node {node.node_ip} (id {node.node_id[:12]}), {ray_reason(exc)}"
+                    if node
+                    else f"Ray actor, {ray_reason(exc)}"
+                )
+                self.died = WorkerDiedError(rank, node.pid if node else None, None, where)
+            return self.died
+
+    def start_monitor(self) -> None:
+        """Watch every actor between (and during) calls; see the module docstring."""
+        refs = {
+            actor.watch.options(concurrency_group=WATCH_GROUP).remote(): rank
+            for rank, actor in enumerate(self.actors)
+        }
+        self.monitor = threading.Thread(
+            target=self._watch, args=(refs,), name="hwlaunch-ray-monitor", daemon=True
+        )
+        self.monitor.start()
+
+    def _watch(self, refs: dict[Any, int]) -> None:
         ray = self.ray
+        errors = importlib.import_module("ray.exceptions")
+        ready: list[Any] = []
+        while not self.closed:
+            try:
+                ready, _ = ray.wait(list(refs), num_returns=1, timeout=MONITOR_POLL)
+                if ready:
+                    ray.get(ready[0])
+            except errors.RayActorError as exc:
+                died = self.record_death(refs[ready[0]], exc)
+                if died is not None:
+                    self.shutdown(polite=False, keep_connection=self.on_death is not None)
+                    if self.on_death is not None:
+                        self.on_death(died)
+                return
+            except Exception:  # Ray is going away (interpreter exit, a disconnect)
+                return
+
+    def shutdown(self, polite: bool = True, *, keep_connection: bool = False) -> None:
+        """Let workers leave the process group, then kill the actors and free the placement
+        group. Idempotent; never hangs; quiet when Ray is already gone (interpreter exit).
+
+        ``keep_connection``: a restart follows; the connection (perhaps a local Ray instance)
+        stays for the next group, and the executor's own shutdown, which the controller
+        calls, ends it.
+        """
+        with self.lock:
+            first = not self.closed
+            self.closed = True
+            release_now = self.owns_connection and not keep_connection and not self.released
+            self.released = self.released or release_now
+        ray = self.ray
+        if not first:
+            if release_now:
+                release(ray)
+            return
         try:
             if not ray.is_initialized():
                 return  # Ray's own shutdown already ended every actor and placement group
@@ -88,8 +160,10 @@ class _ActorGroup:
             if self.pg is not None:
                 with contextlib.suppress(Exception):
                     ray.util.remove_placement_group(self.pg)
+            if self.monitor is not None and self.monitor is not threading.current_thread():
+                self.monitor.join(MONITOR_POLL * 4)  # done with Ray before the connection ends
         finally:
-            if self.owns_connection:
+            if release_now:
                 release(ray)
 
 
@@ -169,7 +243,9 @@ class RayExecutor(Executor):
         master = (places[0]["node_ip"], int(places[0]["port"]))
         starts = [
             actor.start.remote(
-                self._start_env(master, visible[node_of_rank[rank]]),
+                self._start_env(
+                    master, bound_devices(plan, local[rank][0], visible[node_of_rank[rank]])
+                ),
                 plan,
                 extension,
                 rank,
@@ -180,13 +256,19 @@ class RayExecutor(Executor):
             for rank, actor in enumerate(group.actors)
         ]
         self._await(starts, deadline, self._started)
+        group.start_monitor()
 
     def _create_actors(self, order: list[int], local: list[tuple[int, int]]) -> None:
         """One actor per rank in its bundle, with the rank's variables from process start."""
         group, plan, ray = self._group, self.plan, self._group.ray
         strategies = importlib.import_module("ray.util.scheduling_strategies")
-        actor_class = ray.remote(RankActor)
+        actor_class = ray.remote(concurrency_groups={WATCH_GROUP: 1})(RankActor)
+        # Ray starts actors from its node's environment, not this driver's: what workers need
+        # from here (worker_environment holds the propagate_env variables) travels in the
+        # runtime environment, to every node.
         inherited = {k: v for k, v in os.environ.items() if k.startswith("HWLAUNCH_")}
+        if plan.ray_noset_visibility_var:
+            inherited[plan.ray_noset_visibility_var] = "1"  # the binding, not Ray, sets it
         for rank, bundle in enumerate(order):
             env = worker_environment(plan, rank, local[rank][0], "", 0, local[rank][1])
             for key in ("MASTER_ADDR", "MASTER_PORT", plan.device_control_env_var):
@@ -202,8 +284,8 @@ class RayExecutor(Executor):
             )
 
     def _start_env(self, master: tuple[str, int], visible: str | None) -> dict[str, str]:
-        """What a rank learns once every actor is placed: the rendezvous and its node's devices
-        (left alone where Ray reported none)."""
+        """What a rank learns once every actor is placed: the rendezvous and the devices its
+        binding gives it on its node (left alone where Ray reported none)."""
         env = {"MASTER_ADDR": master[0], "MASTER_PORT": str(master[1])}
         var = self.plan.device_control_env_var
         if var and visible is not None:
@@ -251,7 +333,7 @@ class RayExecutor(Executor):
 
     # -- RPC -----------------------------------------------------------------------------
     def _exchange(
-        self, request: Request, label: str, timeout: float | None
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         group, ray = self._group, self._group.ray
         payload = dumps(request)
@@ -272,7 +354,10 @@ class RayExecutor(Executor):
 
         group.busy = True
         try:
-            refs = [actor.call.remote(arg) for actor in group.actors]
+            refs = [
+                actor.call.remote(arg, reply_rank in (None, rank))
+                for rank, actor in enumerate(group.actors)
+            ]
             gather(
                 {ref: rank for rank, ref in enumerate(refs)},
                 self._wait_one,
@@ -285,17 +370,32 @@ class RayExecutor(Executor):
         return results, failures
 
     def _actor_died(self, rank: int, label: str, exc: BaseException) -> Exception:
-        if self._group.closed and self._died is None:
+        died = self._group.record_death(rank, exc)
+        if died is None:
             return self._closed_during(label)
-        node = self._group.nodes[rank]
-        died = WorkerDiedError(
-            rank, node.pid, None, f"Ray actor on node {node.node_ip}, {ray_reason(exc)}"
-        )
         return self._worker_died(died)
 
+    # -- state and stop ------------------------------------------------------------------
+    def _raise_if_closed(self) -> None:
+        died = self._group.died  # seen by the monitor between calls
+        if died is not None:
+            self._died = self._died or died
+            self._close(f"worker rank {died.rank} died")
+        super()._raise_if_closed()
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
+        # On the group, not self: the group's finalizer must not keep the executor alive.
+        self._group.on_death = callback
+
+    def stop_group(self) -> None:
+        """Kill the actors and free the placement group; keep the connection for a restart."""
+        self._close("the group is being restarted")
+        self._group.shutdown(polite=False, keep_connection=True)
+
     def _stop(self, polite: bool = True) -> None:
+        keep = self._group.on_death is not None  # a restart controller ends the connection
         if polite:
             self._finalizer()
         else:
-            self._group.shutdown(polite=False)
+            self._group.shutdown(polite=False, keep_connection=keep)
         atexit.unregister(self._finalizer)

@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from hwlaunch import BackendSpec, Register, StartMethodRule, hookimpl
+
+if TYPE_CHECKING:  # workers load this module too (for the setup hook): type names only
+    from hwlaunch import PlanDraft, Worker
+
+HWLAUNCH_CONTRACT = "1.0"  # the plugin contract this module needs (hwlaunch.CONTRACT_VERSION)
 
 DEVICES_VAR = "ACME_NPU_DEVICES"  # emulation only: how many Acme NPUs this machine "has"
 VISIBLE_VAR = "ACME_VISIBLE_DEVICES"  # like CUDA_VISIBLE_DEVICES: which devices a process sees
@@ -74,7 +80,38 @@ def hwlaunch_register_backends(register: Register) -> None:
             dist_backend="gloo",  # a real NPU names its collective library's backend here
             worker="hwlaunch_acme.worker:AcmeWorker",  # imported only inside worker processes
             device_control_env_var=VISIBLE_VAR,  # set per worker by the mp and ray executors
+            # Like oneCCL on XPU, the Acme collectives need every worker to see all the job's
+            # devices; each worker selects its local rank among them (Worker.device_index).
+            device_binding="job_wide",
+            # The runtime's tuning variables, copied from the driver into every worker (Ray
+            # actors on other nodes too); the plan lists their names, never their values.
+            propagate_env=("ACME_RT_*",),
             ray_resource="ACME",  # the Ray resource key a worker actor asks for
+            # Ray rewrites the visibility variable of the accelerators it knows; this variable
+            # turns that off so the binding above holds (Ray's for CUDA:
+            # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES).
+            ray_noset_visibility_var="RAY_EXPERIMENTAL_NOSET_ACME_VISIBLE_DEVICES",
             worker_env={"ACME_LOG_LEVEL": "warning"},  # extra environment for every worker
+            contract="1.0",
         )
     )
+
+
+@hookimpl
+def hwlaunch_adjust_plan(draft: PlanDraft) -> None:
+    """Policy: one Acme comm channel per worker, at most 4. Only a proposal: a user's own
+    ACME_COMM_CHANNELS (shell, config file) wins, and the plan shows where the value came from."""
+    workers = int(draft.decisions["world_size"].value)
+    draft.propose(
+        "env",
+        {"ACME_COMM_CHANNELS": str(min(workers, 4))},
+        "one comm channel per worker, at most 4",
+    )
+
+
+@hookimpl
+def hwlaunch_worker_setup(worker: Worker) -> None:
+    """Register the Acme custom ops in each worker process, before its device is initialized."""
+    from hwlaunch_acme import ops  # imported in workers only
+
+    ops.register()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from hwlaunch import Worker
-from hwlaunch_acme import VISIBLE_VAR
+from hwlaunch_acme import VISIBLE_VAR, ops
 
 
 class AcmeWorker(Worker):
@@ -19,13 +19,15 @@ class AcmeWorker(Worker):
     def init_device(self) -> None:
         import torch
 
-        # The executor sets ACME_VISIBLE_DEVICES for each worker to the devices of this job
-        # ("0,1", or a subset of what the user made visible); this rank takes the local_rank-th.
-        # Without the variable (the uni executor runs in the caller's process), it is local_rank.
+        if not ops.registrations():  # the plugin's hwlaunch_worker_setup runs before this
+            raise RuntimeError("the Acme ops are not registered: hwlaunch_worker_setup did not run")
+        # device_binding="job_wide": the executor sets ACME_VISIBLE_DEVICES for each worker to
+        # the devices of this job ("0,1", or a subset of what the user made visible); this rank
+        # takes entry device_index (its local rank). Without the variable (the uni executor runs
+        # in the caller's process), it is the local rank.
         visible = [v.strip() for v in os.environ.get(VISIBLE_VAR, "").split(",") if v.strip()]
-        self.acme_device = (
-            visible[self.local_rank] if self.local_rank < len(visible) else str(self.local_rank)
-        )
+        index = self.device_index
+        self.acme_device = visible[index] if index < len(visible) else str(index)
         # A real plugin: `import acme_runtime; acme_runtime.set_device(self.local_rank)` and
         # `self.device = torch.device("acme", self.local_rank)`. The emulation computes on the CPU.
         self.device = torch.device("cpu")
@@ -33,6 +35,10 @@ class AcmeWorker(Worker):
     # init_distributed() and shutdown() are inherited: the base class joins a torch.distributed
     # process group with the plan's dist_backend, and leaves it at shutdown. Override them when
     # your backend needs more (e.g. pass device_id=self.device to init_process_group).
+
+    def ops_registered(self) -> int:
+        """How many times this process registered the Acme ops (an RPC target)."""
+        return ops.registrations()
 
     def bound_device(self) -> str | None:
         """Which Acme NPU this rank bound (an RPC target: executor.collective_rpc("bound_device"))."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Generator
+
 from hwlaunch import BackendSpec, Register, StartMethodRule, hookimpl
 
 
@@ -45,3 +47,13 @@ class Partial:
             )
         )
         raise RuntimeError("second device table is corrupt")
+
+
+class Wraps:
+    @staticmethod
+    @hookimpl(wrapper=True)
+    def hwlaunch_register_backends(register: Register) -> Generator[None, None, None]:
+        """A new-style wrapper: hwlaunch calls each plugin's hooks alone, so it would wrap
+        nothing; the registry must reject it with the fix rather than call it."""
+        raise AssertionError("a rejected wrapper must never be called")
+        yield

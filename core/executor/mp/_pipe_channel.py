@@ -1,0 +1,87 @@
+"""The pipe RPC channel, and the choice between it and the shared-memory one.
+
+Both channels offer the mp executor the same three operations (send one request to every rank,
+receive the replies that have arrived, close), so the executor's call logic does not depend on
+which one carries the bytes. The pipe channel writes the request into each rank's pipe; it is
+the portable one, and the one to compare against.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Collection, Sequence
+from multiprocessing import connection
+from multiprocessing.connection import Connection
+
+from hwlaunch.executor.mp._shm_channel import Buffer, ChannelLost, ShmChannel, ShmEndpoint, T
+from hwlaunch.plan import SPIN_WITH_FREE_CPUS
+
+
+class PipeChannel:
+    """The parent's side: the request goes into each rank's pipe, replies come out of them."""
+
+    def __init__(self) -> None:
+        self.conns: list[Connection] = []
+
+    def endpoint(self, rank: int, conn: Connection) -> Connection:
+        return conn
+
+    def child_fds(self, rank: int) -> tuple[int, ...]:
+        return ()
+
+    def send(self, data: bytes, alive: Callable[[], None], deadline: float | None = None) -> None:
+        for rank, conn in enumerate(self.conns):
+            try:
+                conn.send_bytes(data)
+            except OSError:
+                raise ChannelLost(rank) from None
+
+    def receive(
+        self,
+        pending: Collection[int],
+        timeout: float | None,
+        sentinels: Sequence[int],
+        decode: Callable[[Buffer], T],
+    ) -> tuple[list[tuple[int, T]], list[int]]:
+        by_conn = {id(self.conns[rank]): rank for rank in pending}
+        ready = connection.wait([self.conns[r] for r in pending] + list(sentinels), timeout)
+        replies: list[tuple[int, T]] = []
+        ended: list[int] = []
+        for obj in ready:
+            if isinstance(obj, int):
+                ended.append(obj)
+                continue
+            rank = by_conn[id(obj)]
+            try:
+                data = self.conns[rank].recv_bytes()
+            except (EOFError, OSError):
+                raise ChannelLost(rank) from None
+            replies.append((rank, decode(data)))
+        return replies, ended
+
+    def close(self) -> None:
+        """The pipes are the executor's; they are closed with its other descriptors."""
+
+
+def _cpus() -> int:
+    """CPUs this process may run on (its affinity, not the machine's count)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1  # pragma: no cover - non-Linux
+
+
+Channel = PipeChannel | ShmChannel
+Endpoint = Connection | ShmEndpoint
+
+
+def open_channel(kind: str, world_size: int, spin: float | None) -> Channel:
+    """``kind`` is ``shm`` or ``pipe`` (the plan's ``rpc_channel``); ``spin`` None: poll
+    only where every worker has a CPU of its own (polling workers would otherwise take CPU from
+    working ones)."""
+    if kind == "shm":
+        if spin is None:
+            spin = SPIN_WITH_FREE_CPUS if _cpus() >= world_size else 0.0
+        return ShmChannel(world_size, spin=spin)
+    if kind == "pipe":
+        return PipeChannel()
+    raise ValueError(f"unknown rpc_channel {kind!r} (allowed: shm, pipe)")

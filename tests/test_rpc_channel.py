@@ -1,0 +1,379 @@
+"""The mp executor's RPC channels (shared memory, pipes) and the call options of every executor.
+
+The shared-memory channel is tested twice over: on its own, between this process and real
+reader processes of each start method (exact payload sizes around a small chunk, a ring that
+wraps, readers that sleep and must be woken, a dead or stopped reader), and inside the mp
+executor (payloads around the real chunk size, errors, deaths, parent death, leaks). Each runs
+with ``spin`` 0 (every wait blocks on a wake pipe) and with a spin window (waits poll), since
+which one a machine gets by default depends on its CPU count.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch  # noqa: F401  imported before forking, as a real parent does
+from call_options import CallOptionsProbe, check_call_options
+
+import hwlaunch
+from hwlaunch import (
+    ConfigError,
+    ExecutorClosedError,
+    RpcTimeoutError,
+    WorkerDiedError,
+    WorkerError,
+)
+from hwlaunch.executor.mp._shm_channel import CHUNK_BYTES, ChannelLost, ShmChannel, ShmEndpoint
+
+METHODS = ["fork", "spawn", "forkserver"]
+SPINS = [0.0, 0.05]
+SCRIPTS = Path(__file__).parent / "scripts"
+SMALL_CHUNK = 1024
+MIB = 1024 * 1024
+HWLAUNCH_CLI = str(Path(sys.executable).with_name("hwlaunch"))
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_env")]
+
+
+# -- helpers -------------------------------------------------------------------------------
+def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.005)
+    return time.monotonic() - start
+
+
+def running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def my_shm_entries(pid: int) -> list[str]:
+    """What a parent of this pid would have named in /dev/shm (others' entries are not ours)."""
+    return [name for name in os.listdir("/dev/shm") if f"hwlaunch-{pid}" in name]
+
+
+def echo_reader(endpoint: ShmEndpoint) -> None:
+    """A reader process: send back every message, until b"stop" or the parent is gone."""
+    while True:
+        try:
+            data = endpoint.recv_bytes()
+        except (EOFError, OSError):
+            return
+        endpoint.send_bytes(data)
+        if data == b"stop":
+            return
+
+
+class Readers:
+    """A ShmChannel in this process and ``n`` echo readers started with ``method``."""
+
+    def __init__(self, method: str, n: int, spin: float, chunks: int = 3) -> None:
+        ctx = multiprocessing.get_context(method)
+        self.channel = ShmChannel(
+            n, spin=spin, chunk_bytes=SMALL_CHUNK, slot_bytes=SMALL_CHUNK, chunks=chunks
+        )
+        self.processes: list[Any] = []
+        for rank in range(n):
+            parent_end, child_end = ctx.Pipe()
+            self.channel.conns.append(parent_end)
+            process = ctx.Process(
+                target=echo_reader, args=(self.channel.endpoint(rank, child_end),)
+            )
+            process.start()
+            child_end.close()
+            self.processes.append(process)
+
+    def alive(self) -> None:
+        for rank, process in enumerate(self.processes):
+            if process.exitcode is not None:
+                raise ChannelLost(rank)
+
+    def round_trip(self, data: bytes, timeout: float = 60) -> dict[int, bytes]:
+        self.channel.send(data, self.alive, time.monotonic() + timeout)
+        got: dict[int, bytes] = {}
+        sentinels = [p.sentinel for p in self.processes]
+        while len(got) < len(self.processes):
+            pending = [r for r in range(len(self.processes)) if r not in got]
+            replies, ended = self.channel.receive(pending, timeout, sentinels, bytes)
+            assert replies and not ended, f"no reply within {timeout}s (ended: {ended})"
+            got.update(replies)
+        return got
+
+    def close(self) -> None:
+        for process in self.processes:
+            if process.exitcode is None:
+                process.kill()
+            process.join(10)
+        for conn in self.channel.conns:
+            conn.close()
+        self.channel.close()
+
+
+@pytest.fixture
+def readers() -> Iterator[Callable[..., Readers]]:
+    made: list[Readers] = []
+
+    def make(*args: Any, **kwargs: Any) -> Readers:
+        made.append(Readers(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for group in made:
+        group.close()
+
+
+class Probe(CallOptionsProbe):
+    """Worker extension: named methods that record what ran on each rank."""
+
+    def echo(self, value: Any) -> Any:
+        return value
+
+
+def launch(*, channel: str = "shm", spin: float | None = None, **kwargs: Any) -> Any:
+    return hwlaunch.launch(
+        backend="cpu",
+        executor="mp",
+        init_distributed=False,
+        worker_extension=Probe,
+        rpc_channel=channel,
+        rpc_spin=spin,
+        **kwargs,
+    )
+
+
+# -- the channel on its own ------------------------------------------------------------------
+@pytest.mark.parametrize("spin", SPINS)
+@pytest.mark.parametrize("method", METHODS)
+def test_payloads_around_a_chunk_and_a_ring_that_wraps(
+    method: str, spin: float, readers: Callable[..., Readers]
+) -> None:
+    group = readers(method, 2, spin)
+    sizes = [0, 1, SMALL_CHUNK - 1, SMALL_CHUNK, SMALL_CHUNK + 1, 16 * MIB]
+    sizes += [SMALL_CHUNK - 1, SMALL_CHUNK + 1] * 4  # more messages than the ring has chunks
+    for number, size in enumerate(sizes):
+        data = os.urandom(size)
+        assert group.round_trip(data) == {0: data, 1: data}, f"message {number} of {size} B"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_dead_reader_never_blocks_the_writer(
+    method: str, readers: Callable[..., Readers]
+) -> None:
+    group = readers(method, 2, 0.0, chunks=2)
+    assert group.round_trip(b"x") == {0: b"x", 1: b"x"}
+    group.processes[1].kill()
+    group.processes[1].join(10)
+    with pytest.raises(ChannelLost) as info:
+        for _ in range(3):  # the third message needs the chunk that rank 1 never read
+            group.channel.send(b"y", group.alive, time.monotonic() + 60)
+    assert info.value.rank == 1
+
+
+def test_a_stopped_reader_makes_the_writer_give_up_at_its_deadline(
+    readers: Callable[..., Readers],
+) -> None:
+    group = readers("fork", 2, 0.0, chunks=2)
+    assert group.round_trip(b"x") == {0: b"x", 1: b"x"}
+    pid = group.processes[1].pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError):
+            for _ in range(3):
+                group.channel.send(b"y", group.alive, time.monotonic() + 0.5)
+        assert time.monotonic() - start < 30  # bounded: it did not wait for the reader
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_the_memory_has_no_name_and_goes_with_its_last_holder() -> None:
+    channel = ShmChannel(2, spin=0.0, chunk_bytes=SMALL_CHUNK, slot_bytes=SMALL_CHUNK)
+
+    def memfds() -> list[str]:
+        links = []
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return [link for link in links if f"hwlaunch-{os.getpid()}-rpc" in link]
+
+    try:
+        assert memfds() and all(link.startswith("/memfd:") for link in memfds())
+        assert my_shm_entries(os.getpid()) == []
+    finally:
+        channel.close()
+    assert memfds() == []
+
+
+# -- inside the mp executor ------------------------------------------------------------------
+@pytest.mark.parametrize("spin", SPINS)
+@pytest.mark.parametrize("method", METHODS)
+def test_shm_executor_rank_order_payloads_and_errors(method: str, spin: float) -> None:
+    with launch(world_size=3, start_method=method, spin=spin) as executor:
+        assert executor.plan.rpc_channel == "shm" and executor.rpc_spin == spin
+        assert executor.collective_rpc("record", ("a",)) == [["a"]] * 3
+        assert executor.collective_rpc(lambda w: w.rank) == [0, 1, 2]
+        for size in (0, CHUNK_BYTES - 1, CHUNK_BYTES + 1, 16 * MIB):
+            data = os.urandom(size)
+            assert executor.collective_rpc("echo", (data,)) == [data] * 3, f"{size} B"
+        with pytest.raises(WorkerError) as info:
+            executor.collective_rpc("fail_on", (1,))
+        assert info.value.rank == 1 and "rank 1 fails on purpose" in str(info.value)
+        assert "in fail_on" in info.value.remote_traceback
+        assert executor.collective_rpc("echo", ("still usable",)) == ["still usable"] * 3
+
+
+@pytest.mark.parametrize(("channel", "spin"), [("shm", 0.05), ("pipe", None)])
+@pytest.mark.parametrize("method", METHODS)
+def test_worker_killed_mid_call_fails_it_within_a_second(
+    method: str, channel: str, spin: float | None
+) -> None:
+    executor = launch(world_size=2, start_method=method, channel=channel, spin=spin)
+    pids = executor.pids
+    try:
+        future = executor.collective_rpc("record", ("long", 60.0), non_block=True)
+        killed_at = time.monotonic()
+        os.kill(pids[1], signal.SIGKILL)
+        with pytest.raises(WorkerDiedError) as info:
+            future.result(timeout=30)
+        took = time.monotonic() - killed_at
+        print(f"figure: {method} {channel}: WorkerDiedError {took * 1000:.0f} ms after SIGKILL")
+        assert info.value.rank == 1 and info.value.exitcode == -signal.SIGKILL
+        assert took < 1.0  # the call itself would have taken 60 s
+        assert not [pid for pid in pids if running(pid)]
+    finally:
+        executor.shutdown()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_parent_sigkill_leaves_no_worker_and_no_shm(method: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
+    env |= {"HWLAUNCH_RPC_CHANNEL": "shm", "HWLAUNCH_RPC_SPIN": "0.05"}
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "busy_parent.py"), method, str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    workers: list[int] = []
+    try:
+        line = proc.stdout.readline() if proc.stdout else ""
+        assert line, proc.stderr.read() if proc.stderr else ""
+        workers = json.loads(line)["workers"]
+        wait_until(lambda: len(os.listdir(tmp_path)) == 2, 60, "both workers in the RPC")
+        for pid in workers:  # the workers do map the channel's memory
+            maps = Path(f"/proc/{pid}/maps").read_text()
+            assert f"memfd:hwlaunch-{proc.pid}-rpc" in maps
+        assert my_shm_entries(proc.pid) == []
+        proc.kill()
+        assert proc.wait(10) == -signal.SIGKILL
+        took = wait_until(lambda: not any(map(running, workers)), 3.0, "workers to follow")
+        print(f"figure: {method} shm: workers gone {took * 1000:.0f} ms after parent SIGKILL")
+        assert my_shm_entries(proc.pid) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        for pid in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+
+
+def test_late_reply_to_a_timed_out_call_is_never_taken() -> None:
+    executor = launch(world_size=2, start_method="fork", spin=0.05)
+    try:
+        with pytest.raises(RpcTimeoutError) as info:
+            executor.collective_rpc("record", ("slow", 30.0), timeout=0.5)
+        assert info.value.ranks == [0, 1]
+        with pytest.raises(ExecutorClosedError, match="timed out"):
+            executor.collective_rpc("echo", ("next",))
+    finally:
+        executor.shutdown()
+
+
+# -- non_block and unique_reply_rank, on every executor ----------------------------------------
+def test_call_options_uni() -> None:
+    with hwlaunch.launch(
+        backend="cpu", world_size=1, init_distributed=False, worker_extension=Probe
+    ) as executor:
+        assert type(executor).__name__ == "UniExecutor"
+        check_call_options(executor)
+
+
+@pytest.mark.parametrize(("channel", "spin"), [("shm", 0.0), ("shm", 0.05), ("pipe", None)])
+def test_call_options_mp(channel: str, spin: float | None) -> None:
+    with launch(world_size=2, start_method="fork", channel=channel, spin=spin) as executor:
+        check_call_options(executor)
+
+
+def test_non_block_timeout_is_the_futures_exception() -> None:
+    executor = launch(world_size=2, start_method="fork")
+    try:
+        future = executor.collective_rpc("record", ("slow", 30.0), timeout=0.5, non_block=True)
+        assert isinstance(future.exception(30), RpcTimeoutError)
+    finally:
+        executor.shutdown()
+
+
+# -- the setting --------------------------------------------------------------------------------
+def test_rpc_channel_setting_sources(clean_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def decided(**kwargs: Any) -> tuple[Any, str]:
+        plan = hwlaunch.resolve(backend="cpu", world_size=2, executor="mp", **kwargs)
+        decision = plan.decision("rpc_channel")
+        assert decision.value == plan.rpc_channel
+        return decision.value, decision.source
+
+    assert decided() == ("shm", "default")
+    (clean_env / "hwlaunch.toml").write_text('rpc_channel = "pipe"\nrpc_spin = 0.01\n')
+    assert decided() == ("pipe", "hwlaunch.toml:1")
+    monkeypatch.setenv("HWLAUNCH_RPC_CHANNEL", "shm")
+    assert decided() == ("shm", "env HWLAUNCH_RPC_CHANNEL")
+    plan = hwlaunch.resolve(backend="cpu", world_size=2, executor="mp", rpc_spin=0.2)
+    assert (plan.rpc_spin, plan.decision("rpc_spin").source) == (0.2, "resolve(rpc_spin=)")
+    assert decided(rpc_channel="pipe") == ("pipe", "resolve(rpc_channel=)")
+    assert "rpc_channel" in plan.explain() and plan.to_dict()["rpc_channel"] == "shm"
+    uni = hwlaunch.resolve(backend="cpu", world_size=1, executor="uni")
+    assert "rpc_channel" not in [d.setting for d in uni.decisions]  # not the uni executor's
+
+
+def test_bad_rpc_settings_name_value_source_and_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HWLAUNCH_RPC_CHANNEL", "shared")
+    with pytest.raises(ConfigError) as info:
+        hwlaunch.resolve(backend="cpu", world_size=2, executor="mp")
+    text = str(info.value)
+    assert "'shared'" in text and "env HWLAUNCH_RPC_CHANNEL" in text and "shm, pipe" in text
+    monkeypatch.delenv("HWLAUNCH_RPC_CHANNEL")
+    with pytest.raises(ConfigError, match=r"rpc_spin -1.*resolve\(rpc_spin=\).*>= 0"):
+        hwlaunch.resolve(backend="cpu", world_size=2, executor="mp", rpc_spin=-1)
+
+
+def test_cli_exit_code_for_a_bad_channel(monkeypatch: pytest.MonkeyPatch) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
+    env["HWLAUNCH_RPC_CHANNEL"] = "tcp"
+    result = subprocess.run(
+        [HWLAUNCH_CLI, "resolve", "--backend", "cpu", "--executor", "mp"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "'tcp'" in result.stderr and "Traceback" not in result.stderr
