@@ -142,10 +142,7 @@ def worker_main(
             os.close(fd)
     _install_liveness(death_r, pdeathsig, parent_pid)
     if main is not None:
-        try:
-            reimport_main(main)
-        except BaseException as exc:
-            _fail_startup(conn, _reimport_failure(exc, main, plan.start_method))
+        _reimport_or_fail(main, conn, plan.start_method)
     guard = plan.facts.main_guard if plan.facts is not None else None
     if (
         guard is not None
@@ -176,15 +173,18 @@ def worker_main(
     _end_process_tree(0, exit_now=False)  # told to shut down, or the parent's pipe closed
 
 
-def _reimport_failure(exc: BaseException, main: tuple[str, str], method: str | None) -> Failure:
-    """The failure, saying that it happened while re-importing the program, and which one."""
-    failure = Failure.current(exc)
-    what = "module" if main[0] == "init_main_from_name" else "file"
-    return dataclasses.replace(
-        failure,
-        message=f"{failure.message} (raised while the worker re-imported the program's __main__, "
-        f"{what} {main[1]}, as __mp_main__, as {method} does in every child process)",
-    )
+def _reimport_or_fail(main: tuple[str, str], conn: Connection, method: str | None) -> None:
+    """Re-import the program as ``__mp_main__``; a failure ends the worker, reported as such."""
+    try:
+        reimport_main(main)
+    except BaseException as exc:
+        failure = Failure.current(exc)
+        what = "module" if main[0] == "init_main_from_name" else "file"
+        message = (
+            f"{failure.message} (raised while the worker re-imported the program's __main__, "
+            f"{what} {main[1]}, as __mp_main__, as {method} does in every child process)"
+        )
+        _fail_startup(conn, dataclasses.replace(failure, message=message))
 
 
 def _fail_startup(conn: Connection, failure: Failure) -> NoReturn:
