@@ -9,9 +9,10 @@ each worker.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pluggy
+if TYPE_CHECKING:  # workers import this module before they need pluggy
+    import pluggy
 
 __all__ = ["call_plugin_hook", "wrapper_hooks"]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
 import pickle
 import signal
@@ -22,9 +23,9 @@ import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
-from hwlaunch.executor._mainprep import refuse_reimport
+from hwlaunch.executor._mainprep import refuse_reimport, reimport_main
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._shm_channel import ShmEndpoint
@@ -128,12 +129,20 @@ def worker_main(
     inherited_fds: tuple[int, ...],
     pdeathsig: bool,
     parent_pid: int | None,
+    main: tuple[str, str] | None = None,
 ) -> None:
-    """Start the worker, report ready (or the start-up failure), then serve RPCs until told."""
+    """Start the worker, report ready (or the start-up failure), then serve RPCs until told.
+
+    ``main``: the ``__main__`` that spawn's ``prepare()`` was kept from re-importing (see
+    ``hwlaunch.executor._mainprep``); re-imported here, before anything else, so that a failure
+    comes back to the parent with its traceback.
+    """
     for fd in inherited_fds:  # under fork: the parent's ends of the pipes must not stay open here
         with contextlib.suppress(OSError):
             os.close(fd)
     _install_liveness(death_r, pdeathsig, parent_pid)
+    if main is not None:
+        _reimport_or_fail(main, conn, plan.start_method)
     guard = plan.facts.main_guard if plan.facts is not None else None
     if (
         guard is not None
@@ -158,12 +167,31 @@ def worker_main(
             init_distributed=init_distributed,
         )
     except BaseException as exc:
-        conn.send_bytes(pickle.dumps(("startup_error", Failure.current(exc))))
-        _end_process_tree(1)
-        os._exit(1)  # not reached: another path is ending the process
+        _fail_startup(conn, Failure.current(exc))
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     serve(worker, rank, channel)
     _end_process_tree(0, exit_now=False)  # told to shut down, or the parent's pipe closed
+
+
+def _reimport_or_fail(main: tuple[str, str], conn: Connection, method: str | None) -> None:
+    """Re-import the program as ``__mp_main__``; a failure ends the worker, reported as such."""
+    try:
+        reimport_main(main)
+    except BaseException as exc:
+        failure = Failure.current(exc)
+        what = "module" if main[0] == "init_main_from_name" else "file"
+        message = (
+            f"{failure.message} (raised while the worker re-imported the program's __main__, "
+            f"{what} {main[1]}, as __mp_main__, as {method} does in every child process)"
+        )
+        _fail_startup(conn, dataclasses.replace(failure, message=message))
+
+
+def _fail_startup(conn: Connection, failure: Failure) -> NoReturn:
+    """Send the start-up failure to the parent and end this worker and its children."""
+    conn.send_bytes(pickle.dumps(("startup_error", failure)))
+    _end_process_tree(1)
+    os._exit(1)  # not reached: another path is ending the process
 
 
 def serve(worker: Any, rank: int, channel: Connection | ShmEndpoint) -> None:

@@ -24,6 +24,7 @@ from multiprocessing.util import Finalize
 from typing import Any
 
 from hwlaunch.errors import WorkerDiedError, WorkerStartupError, describe_exitcode
+from hwlaunch.executor._mainprep import main_entry, withholding_main
 from hwlaunch.executor._runtime import Failure, Request, dumps, loads
 from hwlaunch.executor.base import (
     Executor,
@@ -178,13 +179,22 @@ class MultiprocExecutor(Executor):
             inherited = (death_w.fileno(), *(c.fileno() for c in group.conns))
             inherited += channel.child_fds(rank)
         options = dict(options, conn=child_conn, channel=channel.endpoint(rank, child_conn))
-        process = ctx.Process(  # type: ignore[attr-defined]
-            target=worker_main,
-            name=f"hwlaunch-{self.plan.backend}-rank{rank}",
-            kwargs=dict(options, death_r=death_r, inherited_fds=inherited),
-            daemon=False,
-        )
+        name = f"hwlaunch-{self.plan.backend}-rank{rank}"
         with _global_start_method_kept():
+            entry = main_entry(name) if self.plan.start_method != "fork" else None
+        # The worker re-imports __main__ itself (a failure there comes back with its traceback).
+        with withholding_main(name, entry) as withheld, _global_start_method_kept():
+            process = ctx.Process(  # type: ignore[attr-defined]
+                target=worker_main,
+                name=name,
+                kwargs=dict(
+                    options,
+                    death_r=death_r,
+                    inherited_fds=inherited,
+                    main=entry if withheld else None,
+                ),
+                daemon=False,
+            )
             process.start()
         group.processes.append(process)
         group.pids.append(process.pid)
