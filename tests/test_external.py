@@ -65,6 +65,9 @@ def test_launch_without_arguments_adopts_torchrun_ranks(tmp_path: Path) -> None:
         assert seen["error"]["rank"] == rank
         assert seen["error"]["type"] == "ZeroDivisionError"
         assert "in <lambda>" in seen["error"]["traceback"]
+        # unique_reply_rank=R: rank R's own result there, None on the other ranks
+        assert seen["only_rank_1"] == (11 if rank == 1 else None)
+        assert seen["non_block"] == [rank]
 
 
 def test_user_world_size_that_disagrees_with_torchrun_is_an_error(tmp_path: Path) -> None:

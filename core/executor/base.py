@@ -158,12 +158,18 @@ class Executor(ABC):
 
         def run() -> Any:
             results = self._call(request, label, timeout, unique_reply_rank)
-            return results if unique_reply_rank is None else results[unique_reply_rank]
+            return (
+                results if unique_reply_rank is None else self._reply_of(results, unique_reply_rank)
+            )
 
         if non_block:
             return self._background.submit(run)
         self._background.wait_for_last()
         return run()
+
+    def _reply_of(self, results: list[Any], rank: int) -> Any:
+        """Rank ``rank``'s result among ``results`` (every rank's, in rank order)."""
+        return results[rank]
 
     def _check_reply_rank(self, rank: int | None) -> None:
         if rank is not None and (

@@ -129,6 +129,11 @@ class ExternalExecutor(UniExecutor):
     def _check_plan(self, plan: Plan) -> None:
         """placement() has checked the plan against the launcher."""
 
+    def _reply_of(self, results: list[Any], rank: int) -> Any:
+        """Only this rank's result is here: ``unique_reply_rank=R`` gives it on rank R, and
+        None on every other rank (each of which ran the call too)."""
+        return results[0] if rank == self.rank else None
+
     def _thread_name(self) -> str:
         return f"hwlaunch-external-rank{self.rank}"
 

@@ -24,6 +24,8 @@ try:
     error = None
 except hwlaunch.WorkerError as exc:
     error = {"rank": exc.rank, "type": exc.exc_type, "traceback": exc.remote_traceback}
+only_rank_1 = executor.collective_rpc(lambda w: w.rank + 10, unique_reply_rank=1)
+later = executor.collective_rpc(lambda w: w.rank, non_block=True)
 executor.collective_rpc("all_reduce_rank")
 executor.shutdown()
 with open(os.path.join(os.environ["HWL_OUT"], f"rank{rank}.json"), "w") as out:
@@ -36,6 +38,8 @@ with open(os.path.join(os.environ["HWL_OUT"], f"rank{rank}.json"), "w") as out:
             "agent_children": agent_children,
             "own_children": own_children,
             "error": error,
+            "only_rank_1": only_rank_1,
+            "non_block": later.result(),
         },
         out,
     )
