@@ -126,48 +126,13 @@ def _documented_visibility(
 
 # -- what runs in a fresh interpreter ------------------------------------------------------------
 
-_PROBE_SCRIPT = """
-import json, sys, time
-args = json.loads(sys.argv[1])
-sys.path[:] = args["path"]
-from hwlaunch.planning.registry import load_registry
-before_load = set(sys.modules)
-registry = load_registry(environ=args["environ"], strict=True)
-after_load = set(sys.modules)
-spec = registry.get(args["backend"])
-values, times = {}, {}
-for probe in args["probes"]:
-    fn = getattr(spec, probe)
-    runs = []
-    for _ in range(args["calls"]):
-        start = time.perf_counter()
-        values[probe] = fn()
-        runs.append(time.perf_counter() - start)
-    times[probe] = runs
-after_probes = set(sys.modules)
-print(json.dumps({
-    "loaded": sorted(after_load - before_load),
-    "probed": sorted(after_probes - after_load),
-    "values": values,
-    "times": times,
-    "initialized_after": bool(spec.is_initialized()),
-}))
-"""
-
-_WORKER_IMPORT_SCRIPT = """
-import json, sys
-sys.path[:] = json.loads(sys.argv[1])
-from hwlaunch import Worker
-from hwlaunch.executor._runtime import import_object
-cls = import_object(sys.argv[2])
-print(json.dumps({"is_worker": isinstance(cls, type) and issubclass(cls, Worker)}))
-"""
+PROBE_PROGRAM = Path(__file__).with_name("_probes.py")  # run as a file: see its docstring
 
 
-def _run_python(script: str, *args: str, env: Mapping[str, str] | None = None) -> Any:
+def _run_python(*args: str, env: Mapping[str, str] | None = None) -> Any:
     environ = {**os.environ, **(env or {})}
     done = subprocess.run(
-        [sys.executable, "-c", script, *args],
+        [sys.executable, str(PROBE_PROGRAM), *args],
         env=environ,
         capture_output=True,
         text=True,
@@ -196,7 +161,7 @@ def _probe_run(backend: str, blocked: str, env: tuple[tuple[str, str], ...]) -> 
         "probes": list(PROBES),
         "calls": PROBE_CALLS,
     }
-    return _run_python(_PROBE_SCRIPT, json.dumps(args), env=dict(env))
+    return _run_python("probe", json.dumps(args), env=dict(env))
 
 
 def _matches(module: str, names: tuple[str, ...]) -> bool:
@@ -358,7 +323,7 @@ class BackendConformance:
 
     def test_worker_class_imports_in_a_fresh_process(self) -> None:
         spec = self.spec()
-        result = _run_python(_WORKER_IMPORT_SCRIPT, json.dumps(sys.path), spec.worker)
+        result = _run_python("worker", json.dumps(sys.path), spec.worker)
         assert result["is_worker"], f"{spec.worker} is not a subclass of hwlaunch.Worker"
 
     # -- probes --------------------------------------------------------------------------------
