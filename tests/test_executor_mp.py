@@ -29,6 +29,7 @@ from typing import Any
 import psutil
 import pytest
 import torch  # imported here so that fork workers inherit it instead of importing it each
+from processes import processes, running, wait_until
 
 import hwlaunch
 from hwlaunch import (
@@ -138,32 +139,6 @@ class FailOnRankTwo:
 
 
 # -- process helpers -----------------------------------------------------------------------
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``predicate`` until true; return the seconds it took, fail after ``timeout``."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.005)
-    return time.monotonic() - start
-
-
-def running(proc: psutil.Process) -> bool:
-    """Alive and not a zombie (a reparented zombie may wait for a reaper that never comes)."""
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def processes(pids: Iterable[int | None]) -> list[psutil.Process]:
-    found = []
-    for pid in pids:
-        if pid is None:
-            continue
-        with contextlib.suppress(psutil.NoSuchProcess):
-            found.append(psutil.Process(pid))
-    return found
 
 
 def alive(procs: Iterable[psutil.Process]) -> list[int]:

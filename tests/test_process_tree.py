@@ -22,37 +22,13 @@ from typing import Any
 
 import psutil
 import pytest
+from processes import processes, running, wait_until
 
 METHODS = ["fork", "spawn", "forkserver"]
 SCRIPTS = Path(__file__).parent / "scripts"
 REPEATS = 3  # the parent-death race showed up in some runs only: one pass proves little
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.01)
-    return time.monotonic() - start
-
-
-def running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def processes(pids: Iterable[int | None]) -> list[psutil.Process]:
-    found = []
-    for pid in pids:
-        if pid is not None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                found.append(psutil.Process(pid))
-    return found
 
 
 def alive(procs: Iterable[psutil.Process]) -> list[int]:

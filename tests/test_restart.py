@@ -7,19 +7,19 @@ checks that no process it started (workers of every generation) is left.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import torch  # noqa: F401  (fork workers inherit it instead of importing it each)
+from processes import processes, running, wait_until
 
 import hwlaunch
 from hwlaunch import Plan, WorkerDiedError
@@ -63,29 +63,6 @@ def block(worker: Any, marker_dir: str) -> None:
 
 
 # -- helpers -------------------------------------------------------------------------------
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.01)
-    return time.monotonic() - start
-
-
-def running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def processes(pids: Iterable[int | None]) -> list[psutil.Process]:
-    found = []
-    for pid in pids:
-        if pid is not None:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                found.append(psutil.Process(pid))
-    return found
 
 
 def clean_plan(**kwargs: Any) -> Plan:
