@@ -35,3 +35,18 @@ def processes(pids: Iterable[int | None]) -> list[psutil.Process]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 found.append(psutil.Process(pid))
     return found
+
+
+def alive(procs: Iterable[psutil.Process]) -> list[int]:
+    """The pids among ``procs`` still running."""
+    return [p.pid for p in procs if running(p)]
+
+
+def kill_all(procs: Iterable[psutil.Process]) -> list[int]:
+    """Kill whatever is still running (a failed test's leftovers); return their pids."""
+    left = alive(procs)
+    for proc in procs:
+        if running(proc):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+    return left

@@ -7,7 +7,6 @@ waits for evidence (a marker file, a process state) with a deadline.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import dataclasses
 import faulthandler
@@ -22,14 +21,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import torch  # imported here so that fork workers inherit it instead of importing it each
-from processes import processes, running, wait_until
+from processes import alive, kill_all, processes, wait_until
 
 import hwlaunch
 from hwlaunch import (
@@ -139,20 +138,6 @@ class FailOnRankTwo:
 
 
 # -- process helpers -----------------------------------------------------------------------
-
-
-def alive(procs: Iterable[psutil.Process]) -> list[int]:
-    return [p.pid for p in procs if running(p)]
-
-
-def kill_all(procs: Iterable[psutil.Process]) -> list[int]:
-    """Kill whatever is still running (a failed test's leftovers); return their pids."""
-    left = alive(procs)
-    for proc in procs:
-        if running(proc):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-    return left
 
 
 def resolve_clean(**kwargs: Any) -> Plan:

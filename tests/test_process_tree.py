@@ -22,17 +22,13 @@ from typing import Any
 
 import psutil
 import pytest
-from processes import processes, running, wait_until
+from processes import alive, kill_all, processes, wait_until
 
 METHODS = ["fork", "spawn", "forkserver"]
 SCRIPTS = Path(__file__).parent / "scripts"
 REPEATS = 3  # the parent-death race showed up in some runs only: one pass proves little
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def alive(procs: Iterable[psutil.Process]) -> list[int]:
-    return [p.pid for p in procs if running(p)]
 
 
 def describe(pids: Iterable[int]) -> list[str]:
@@ -45,15 +41,6 @@ def describe(pids: Iterable[int]) -> list[str]:
                 f"{pid} {proc.name()} ppid={proc.ppid()} pgid={os.getpgid(pid)} {proc.status()}"
             )
     return out
-
-
-def kill_all(procs: Iterable[psutil.Process]) -> list[int]:
-    left = alive(procs)
-    for proc in procs:
-        if running(proc):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-    return left
 
 
 @pytest.fixture
