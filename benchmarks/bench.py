@@ -11,7 +11,9 @@ Measures, in one run and interleaved (a burst of load from elsewhere hits every 
    already running, and cold: ``import ray`` + ``ray.init`` included);
 2. the summed PSS of 8 idle workers for each start method;
 3. collective_rpc round trips to 2 workers (a no-op and a 1 MB echo) against a raw
-   ``multiprocessing.Pipe`` round trip to 2 child processes and against Ray actor calls;
+   ``multiprocessing.Pipe`` round trip to 2 child processes and against Ray actor calls; then
+   the RPC channels side by side (``benchmarks/rpc_channel.py``: shared memory against pipes,
+   8 workers against 2, idle CPU);
 4. ``import hwlaunch``, ``hwlaunch backends``, ``hwlaunch resolve``, ``resolve()`` in-process, and
    main-guard detection on a generated 5,000-line script.
 
@@ -41,8 +43,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from _mainguard_script import generate  # noqa: E402  (benchmarks/ is not a package)
+from rpc_channel import report as channel_report  # noqa: E402
 
 CONTENDERS = HERE / "_contenders.py"
+CHANNELS = HERE / "rpc_channel.py"
+SCALING_CPUS = 9  # 8 workers and their parent, each on a CPU of its own
 MARK = "BENCH-JSON "
 METHODS = ("fork", "forkserver", "spawn")
 
@@ -186,6 +191,18 @@ def measure_rpc(settings: Settings, cwd: str) -> dict[str, Any]:
     return helper(["rpc", "--rounds", str(settings.rpc_rounds)], cwd, timeout=900)
 
 
+def measure_channels(settings: Settings, cwd: str) -> dict[str, Any]:
+    progress(f"rpc channels: {settings.rpc_rounds} interleaved rounds (shm, pipe, floor)")
+    out = Path(cwd) / "rpc_channel.json"
+    cmd = [sys.executable, str(CHANNELS), "--rounds", str(settings.rpc_rounds), "--out", str(out)]
+    proc = subprocess.run(cmd, cwd=cwd, env=clean_env(), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"rpc_channel.py failed (exit {proc.returncode}):\n{proc.stderr}")
+    result: dict[str, Any] = json.loads(out.read_text())
+    result.pop("samples")  # the medians and means are kept; the samples are in the helper's file
+    return result
+
+
 def importtime_us(cwd: str) -> float:
     """``python -X importtime``: the cumulative microseconds of the ``hwlaunch`` line."""
     proc = subprocess.run(
@@ -279,8 +296,39 @@ def ratio(value: float, base: float) -> str:
 @dataclass(frozen=True)
 class Target:
     name: str
-    passed: bool
+    passed: bool | None  # None: this machine cannot measure it (the detail says why)
     detail: str
+
+
+def channel_targets(channels: dict[str, Any]) -> list[Target]:
+    med, cpus = channels["median"], channels["cpus"]
+    shm, floor = med["shm/noop"], med["pipe-floor/noop"]
+    eight = med["shm-8/noop"]
+    shm_mib, pipe_mib = med["shm/1MiB"], med["pipe/1MiB"]
+    idle = max(channels["idle_core_fraction"]["shm"])
+    return [
+        Target(
+            "shm channel: no-op to 2 workers <= 0.5x the raw Pipe floor",
+            shm <= 0.5 * floor,
+            f"{seconds(shm)} vs {seconds(floor)} ({ratio(shm, floor)})",
+        ),
+        Target(
+            "shm channel: no-op to 8 workers <= 1.5x to 2 workers",
+            eight <= 1.5 * shm if cpus >= SCALING_CPUS else None,
+            f"{seconds(eight)} vs {seconds(shm)} ({ratio(eight, shm)}) on {cpus} CPUs"
+            + ("" if cpus >= SCALING_CPUS else f": needs {SCALING_CPUS}, not a scaling figure"),
+        ),
+        Target(
+            "shm channel: 1 MiB echo no slower than the pipe channel",
+            shm_mib <= pipe_mib,
+            f"{seconds(shm_mib)} vs {seconds(pipe_mib)} ({ratio(shm_mib, pipe_mib)})",
+        ),
+        Target(
+            "shm channel: an idle worker uses < 5% of a core",
+            idle < 0.05,
+            f"busiest of 2 idle workers: {idle * 100:.2f}% of a core over 5 s",
+        ),
+    ]
 
 
 def targets(ready: dict[str, Any], rpc: dict[str, Any], startup: dict[str, Any]) -> list[Target]:
@@ -422,7 +470,7 @@ def report(result: dict[str, Any]) -> str:
     for label, key in (
         ("raw multiprocessing.Pipe, 2 children (floor)", "pipe"),
         ("Pipe + pickle (Connection.send/recv)", "pipe+pickle"),
-        ("hwlaunch collective_rpc (mp, fork)", "hwlaunch"),
+        ("hwlaunch collective_rpc (mp, fork, shm channel)", "hwlaunch"),
         ("Ray: ray.get on 2 actor calls", "ray"),
     ):
         noop, big = rmed.get(f"{key}/noop", float("nan")), rmed.get(f"{key}/1MB", float("nan"))
@@ -430,6 +478,7 @@ def report(result: dict[str, Any]) -> str:
             f"| {label} | {seconds(noop)} | {ratio(noop, rmed['pipe/noop'])} | {seconds(big)} | "
             f"{ratio(big, rmed['pipe/1MB'])} |"
         )
+    out += ["", "### RPC channels side by side", "", channel_report(result["channels"])]
     out += [
         "",
         "### Start-up costs",
@@ -453,8 +502,8 @@ def report(result: dict[str, Any]) -> str:
         "",
     ]
     for target in result["targets"]:
-        out.append(f"- **{'PASS' if target['passed'] else 'MISS'}** {target['name']}: "
-                   f"{target['detail']}")  # fmt: skip
+        status = {True: "PASS", False: "MISS", None: "N/A"}[target["passed"]]
+        out.append(f"- **{status}** {target['name']}: {target['detail']}")
     if ready["warnings"]:
         out += ["", "Executor warnings seen: " + "; ".join(ready["warnings"])]
     return "\n".join(out) + "\n"
@@ -478,6 +527,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="hwlaunch-bench-") as cwd:
         startup = measure_startup(settings, cwd)
         rpc = measure_rpc(settings, cwd)
+        channels = measure_channels(settings, cwd)
         ready = measure_ready(settings, cwd)
     result: dict[str, Any] = {
         "quick": args.quick,
@@ -494,9 +544,11 @@ def main() -> None:
         "duration_s": time.perf_counter() - began,
         "startup": startup,
         "rpc": rpc,
+        "channels": channels,
         "ready": ready,
     }
-    result["targets"] = [asdict(t) for t in targets(ready, rpc, startup)]
+    found = targets(ready, rpc, startup) + channel_targets(channels)
+    result["targets"] = [asdict(t) for t in found]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

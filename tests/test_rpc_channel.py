@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import multiprocessing
 import os
 import signal
@@ -35,7 +36,13 @@ from hwlaunch import (
     WorkerDiedError,
     WorkerError,
 )
-from hwlaunch.executor.mp._shm_channel import CHUNK_BYTES, ChannelLost, ShmChannel, ShmEndpoint
+from hwlaunch.executor.mp._shm_channel import (
+    CHUNK_BYTES,
+    ChannelLost,
+    ShmChannel,
+    ShmEndpoint,
+    Spinner,
+)
 
 METHODS = ["fork", "spawn", "forkserver"]
 SPINS = [0.0, 0.05]
@@ -172,6 +179,47 @@ def test_payloads_around_a_chunk_and_a_ring_that_wraps(
         assert group.round_trip(data) == {0: data, 1: data}, f"message {number} of {size} B"
 
 
+@pytest.mark.parametrize("spin", SPINS)
+def test_sequence_bytes_wrap_many_times(spin: float, readers: Callable[..., Readers]) -> None:
+    """A message's sequence byte is its number modulo 256: 1,000 messages through a ring of 3
+    chunks reuse every byte value several times, and no reader takes an old message for new."""
+    group = readers("fork", 2, spin)
+    for number in range(1000):
+        data = number.to_bytes(2, "little") * (1 + number % 7)
+        assert group.round_trip(data) == {0: data, 1: data}, f"message {number}"
+
+
+def test_polling_gives_way_to_a_busy_neighbour() -> None:
+    """A yield that comes back late means another task needed the CPU: the spinner stops
+    polling long before its window ends (the caller blocks instead), and does not poll again
+    for a while."""
+    memory = mmap.mmap(-1, 64)
+    never = (0,)  # a flag that never becomes 1
+    cpu = min(os.sched_getaffinity(0))
+    spinner = Spinner(window=5.0)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(hog.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})
+        time.sleep(0.05)  # the hog is running on this CPU
+        start = time.monotonic()
+        assert not spinner.poll(memory, never, 1, None)
+        gave_way = time.monotonic() - start
+        assert gave_way < 1.0, f"polled {gave_way:.3f}s next to a busy process (window 5 s)"
+        assert spinner.quiet_until > time.monotonic()
+        start = time.monotonic()
+        assert not spinner.poll(memory, never, 1, None)  # quiet: no polling at all
+        assert time.monotonic() - start < 0.05
+    finally:
+        os.sched_setaffinity(0, before)
+        hog.kill()
+        hog.wait(10)
+    memory[0] = 1
+    assert Spinner(window=5.0).poll(memory, never, 1, None)  # ready: True at once
+    assert not Spinner(window=0.0).poll(memory, never, 1, None)  # no window: never polls
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_a_dead_reader_never_blocks_the_writer(
     method: str, readers: Callable[..., Readers]
@@ -297,8 +345,9 @@ def test_parent_sigkill_leaves_no_worker_and_no_shm(method: str, tmp_path: Path)
                 psutil.Process(pid).kill()
 
 
-def test_late_reply_to_a_timed_out_call_is_never_taken() -> None:
-    executor = launch(world_size=2, start_method="fork", spin=0.05)
+@pytest.mark.parametrize("method", METHODS)
+def test_late_reply_to_a_timed_out_call_is_never_taken(method: str) -> None:
+    executor = launch(world_size=2, start_method=method, spin=0.05)
     try:
         with pytest.raises(RpcTimeoutError) as info:
             executor.collective_rpc("record", ("slow", 30.0), timeout=0.5)

@@ -165,7 +165,9 @@ def adopt_main_objects(fn: Any) -> None:
             setattr(main, name, obj)
 
 
-def answer(worker: Worker | None, payload: bytes, *prefix: Any, keep_value: bool = True) -> bytes:
+def answer(
+    worker: Worker | None, payload: bytes | memoryview, *prefix: Any, keep_value: bool = True
+) -> bytes:
     """Run one encoded request on the worker and encode the reply ``(*prefix, ok, value)``.
 
     An exception from the call, and a result that cannot be pickled, come back as a Failure
@@ -176,11 +178,15 @@ def answer(worker: Worker | None, payload: bytes, *prefix: Any, keep_value: bool
     try:
         if worker is None:
             raise RuntimeError("the worker did not start")
-        method, args, kwargs = loads(payload)
+        method, args, kwargs = pickle.loads(payload)
         value = call(worker, method, args, kwargs, own_process=True)
         reply: tuple[Any, ...] = (*prefix, True, value if keep_value else None)
     except Exception as exc:
         reply = (*prefix, False, Failure.current(exc))
+    try:
+        return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)  # dumps(), inlined: hot
+    except Exception:
+        pass
     try:
         return dumps(reply)
     except Exception as exc:

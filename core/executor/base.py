@@ -9,6 +9,7 @@ message with every rank, stop.
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -152,20 +153,25 @@ class Executor(ABC):
         other calls. Without restarts it changes nothing.
         """
         del setup  # recorded by the restart controller (executor.restart), which wraps this one
-        self._check_reply_rank(unique_reply_rank)
-        request: Request = (encode_method(method), tuple(args), dict(kwargs or {}))
-        label = method_label(method)
-
-        def run() -> Any:
-            results = self._call(request, label, timeout, unique_reply_rank)
-            return (
-                results if unique_reply_rank is None else self._reply_of(results, unique_reply_rank)
-            )
+        if unique_reply_rank is not None:
+            self._check_reply_rank(unique_reply_rank)
+        name = method if isinstance(method, str) else encode_method(method)
+        request: Request = (name, tuple(args), dict(kwargs or {}))
+        label = method if isinstance(method, str) else method_label(method)
 
         if non_block:
-            return self._background.submit(run)
-        self._background.wait_for_last()
-        return run()
+            return self._background.submit(
+                functools.partial(self._run_call, request, label, timeout, unique_reply_rank)
+            )
+        if self._background.busy:
+            self._background.wait_for_last()
+        return self._run_call(request, label, timeout, unique_reply_rank)
+
+    def _run_call(
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
+    ) -> Any:
+        results = self._call(request, label, timeout, reply_rank)
+        return results if reply_rank is None else self._reply_of(results, reply_rank)
 
     def _reply_of(self, results: list[Any], rank: int) -> Any:
         """Rank ``rank``'s result among ``results`` (every rank's, in rank order)."""
@@ -195,7 +201,8 @@ class Executor(ABC):
                     self._close(f"collective_rpc {label!r} was interrupted by {type(exc).__name__}")
                     self._stop(polite=False)
                 raise
-        raise_first_failure(failures)
+        if failures:
+            raise_first_failure(failures)
         return results
 
     def check_health(self) -> None:

@@ -28,6 +28,7 @@ from typing import Any, NoReturn
 from hwlaunch.executor._mainprep import refuse_reimport, reimport_main
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor.mp import _process_tree as process_tree
+from hwlaunch.executor.mp._messages import SHUTDOWN, parse_request
 from hwlaunch.executor.mp._shm_channel import ShmEndpoint
 from hwlaunch.plan import Plan
 
@@ -195,17 +196,17 @@ def _fail_startup(conn: Connection, failure: Failure) -> NoReturn:
 
 
 def serve(worker: Any, rank: int, channel: Connection | ShmEndpoint) -> None:
-    """Answer ``(kind, rpc_id, payload, reply_rank)`` requests with ``(rpc_id, ok, value)``.
+    """Answer requests (``hwlaunch.executor.mp._messages``) with ``(rpc_id, ok, value)``.
 
     ``channel`` is this rank's pipe or its shared-memory endpoint; both read and write whole
     messages. With a ``reply_rank`` other than this rank, the value stays here (None travels).
     """
     while True:
         try:
-            kind, rpc_id, payload, reply_rank = pickle.loads(channel.recv_bytes())
+            kind, rpc_id, reply_rank, payload = parse_request(channel.recv_bytes())
         except (EOFError, OSError):
             break
-        if kind == "shutdown":
+        if kind == SHUTDOWN:
             try:
                 worker.shutdown()
             finally:

@@ -25,7 +25,7 @@ from typing import Any
 
 from hwlaunch.errors import WorkerDiedError, WorkerStartupError, describe_exitcode
 from hwlaunch.executor._mainprep import main_entry, withholding_main
-from hwlaunch.executor._runtime import Failure, Request, dumps, loads
+from hwlaunch.executor._runtime import Failure, Request, dumps
 from hwlaunch.executor.base import (
     Executor,
     StatusCallback,
@@ -38,6 +38,7 @@ from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._child import worker_main
 from hwlaunch.executor.mp._forkserver import prepare_forkserver
 from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
+from hwlaunch.executor.mp._messages import CALL, request_head
 from hwlaunch.executor.mp._pipe_channel import open_channel
 from hwlaunch.executor.mp._shm_channel import ChannelLost, ShmChannel
 from hwlaunch.plan import Plan
@@ -67,7 +68,7 @@ def _decode_reply(data: bytes | memoryview) -> tuple[int | None, bool, Any]:
     """``(rpc_id, ok, value)``; a reply that cannot be unpickled here (e.g. a result whose class
     the parent cannot import) is a Failure of the call it answers."""
     try:
-        reply: tuple[int, bool, Any] = loads(data)
+        reply: tuple[int, bool, Any] = pickle.loads(data)
         return reply
     except Exception as exc:
         return None, False, Failure.current(exc)
@@ -88,6 +89,7 @@ class MultiprocExecutor(Executor):
         if plan.start_method is None:
             raise ValueError("the mp executor needs a plan with a start method")
         self._rpc_id = 0
+        self._sentinels: list[int] = []  # the workers' process sentinels, in rank order
         self._group = WorkerGroup(plan.world_size)
         # exitpriority >= 0: runs in multiprocessing's atexit hook *before* it joins every
         # non-daemonic child, so that join finds the workers already gone instead of hanging.
@@ -127,6 +129,7 @@ class MultiprocExecutor(Executor):
             self._spawn(ctx, rank, options, death_r, death_w)
         death_r.close()
         self._await_ready()
+        self._sentinels = [process.sentinel for process in group.processes]
         group.wake_r, group.wake_w = ctx.Pipe(duplex=False)
         group.monitor = threading.Thread(target=group.watch, name="hwlaunch-monitor", daemon=True)
         group.monitor.start()
@@ -243,60 +246,59 @@ class MultiprocExecutor(Executor):
     ) -> tuple[list[Any], dict[int, Failure]]:
         group = self._group
         payload = dumps(request)
-        group.await_cleanup()
+        if group.closing:
+            group.await_cleanup()
         with group.lock:
             if group.closing:
                 raise group.died or self._closed_during(label)
             group.rpc_thread = threading.get_ident()
         try:
-            self._rpc_id += 1
-            message = pickle.dumps(("call", self._rpc_id, payload, reply_rank))
-            return self._send_and_collect(self._rpc_id, message, label, timeout)
+            self._rpc_id = rpc_id = self._rpc_id + 1
+            head = request_head(CALL, rpc_id, reply_rank)
+            return self._send_and_collect(rpc_id, head, payload, label, timeout)
         finally:
             group.leave_rpc()
 
     def _send_and_collect(
-        self, rpc_id: int, request: bytes, label: str, timeout: float | None
+        self, rpc_id: int, head: bytes, payload: bytes, label: str, timeout: float | None
     ) -> tuple[list[Any], dict[int, Failure]]:
-        group, channel = self._group, self._group.channel
+        """Send the request to every rank and take their replies, in whatever order they come.
+
+        The hot path of every call: no helper objects per call, one channel receive when every
+        rank answers within the channel's polling window.
+        """
+        group, channel, sentinels = self._group, self._group.channel, self._sentinels
         assert channel is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            channel.send(request, group.check_alive, deadline)
+            channel.send(payload, group.check_alive, deadline, head=head)
         except ChannelLost as lost:
             raise self._lost(lost.rank, label) from None
         except TimeoutError:
             raise self._timed_out(label, list(range(group.world_size)), timeout) from None
         results: list[Any] = [None] * group.world_size
         failures: dict[int, Failure] = {}
-        sentinels = {p.sentinel: rank for rank, p in enumerate(group.processes)}
-        pending = {rank: rank for rank in range(group.world_size)}
-
-        def wait(ranks: list[int], remaining: float | None) -> list[int]:
+        pending = list(range(group.world_size))
+        while pending:
+            remaining = None
+            if deadline is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._timed_out(label, pending, timeout)
             try:
-                replies, ended = channel.receive(ranks, remaining, list(sentinels), _decode_reply)
+                replies, ended = channel.receive(pending, remaining, sentinels, _decode_reply)
             except ChannelLost as lost:
                 raise self._lost(lost.rank, label) from None
             for rank, (reply_id, ok, value) in replies:  # replies first: one may answer, then end
                 if reply_id not in (None, rpc_id):
                     continue  # a late reply to an earlier call
-                del pending[rank]  # None: undecodable, which can only be this call's reply
+                pending.remove(rank)  # None: undecodable, which can only be this call's reply
                 if ok:
                     results[rank] = value
                 else:
                     failures[rank] = value
             if ended:
-                raise self._lost(min(sentinels[s] for s in ended), label)
-            return []
-
-        remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        gather(
-            pending,
-            wait,
-            lambda rank, _: False,
-            remaining,
-            lambda ranks: self._timed_out(label, ranks, timeout),
-        )
+                raise self._lost(min(sentinels.index(s) for s in ended), label)
         return results, failures
 
     def _lost(self, rank: int, label: str) -> Exception:
@@ -311,6 +313,8 @@ class MultiprocExecutor(Executor):
     # -- state and stop ------------------------------------------------------------------
     def _raise_if_closed(self) -> None:
         group = self._group
+        if not group.closing and self._closed_because is None and self._died is None:
+            return  # the common case, read without the lock; _exchange checks again under it
         group.await_cleanup()
         with group.lock:
             died, closing, because = group.died, group.closing, group.closed_because

@@ -6,7 +6,6 @@ Kept apart from the executor object so that the executor's finalizer holds no re
 from __future__ import annotations
 
 import contextlib
-import pickle
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ import psutil
 
 from hwlaunch.errors import WorkerDiedError
 from hwlaunch.executor.mp import _process_tree as process_tree
+from hwlaunch.executor.mp._messages import SHUTDOWN, request_head
 from hwlaunch.executor.mp._pipe_channel import Channel
 from hwlaunch.executor.mp._shm_channel import ChannelLost
 
@@ -138,9 +138,10 @@ class WorkerGroup:
         if polite and self.channel is not None:
             with contextlib.suppress(ChannelLost, OSError, TimeoutError):
                 self.channel.send(
-                    pickle.dumps(("shutdown", 0, b"", None)),
+                    b"",
                     self.check_alive,
                     time.monotonic() + SHUTDOWN_GRACE,
+                    head=request_head(SHUTDOWN, 0, None),
                 )
             deadline = time.monotonic() + SHUTDOWN_GRACE
             for process in self.processes:

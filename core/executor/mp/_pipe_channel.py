@@ -29,10 +29,17 @@ class PipeChannel:
     def child_fds(self, rank: int) -> tuple[int, ...]:
         return ()
 
-    def send(self, data: bytes, alive: Callable[[], None], deadline: float | None = None) -> None:
+    def send(
+        self,
+        data: Buffer,
+        alive: Callable[[], None],
+        deadline: float | None = None,
+        head: bytes = b"",
+    ) -> None:
+        message = head + data if head else data
         for rank, conn in enumerate(self.conns):
             try:
-                conn.send_bytes(data)
+                conn.send_bytes(message)
             except OSError:
                 raise ChannelLost(rank) from None
 

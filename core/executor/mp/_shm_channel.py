@@ -1,28 +1,37 @@
 """A shared-memory broadcast channel: one writer (the parent), N readers (the workers).
 
 Why: ``collective_rpc`` runs on every step of an engine. Through pipes, a request is written
-once per worker and every message costs a system call on each side. Here the request is written
+once per worker and every message costs system calls on each side. Here the request is written
 once into a ring that every worker reads, and each worker answers into a slot of its own; while
 messages are frequent, both sides find them by polling memory, with no system call at all.
 
 Layout of one anonymous memory file (``memfd``; nothing is ever named in ``/dev/shm``, so nothing
 can be left behind, even when every process is SIGKILLed: the kernel frees the memory when the
-last process that maps it ends):
+last process that maps it ends), every part starting on a cache line of its own:
 
-- one cache line per party with its *sleeping* byte (the parent's, then each reader's);
-- a ring of ``chunks`` chunks: a header (``written`` byte, one ``read`` byte per reader, the
-  message length) and ``chunk_bytes`` of data;
-- one reply slot per reader: a header (``full`` byte, the length) and
-  ``slot_bytes`` of data.
+- the parent's line: its *sleeping* byte;
+- one line per reader: its *sleeping* byte, then its *consumed* byte (the sequence byte of the
+  last message it took);
+- a ring of ``chunks`` chunks: a header line (the *sequence* byte, the message length) and
+  ``chunk_bytes`` of data;
+- one reply slot per reader: a header line (the sequence byte of the message it answers, the
+  length) and ``slot_bytes`` of data.
 
-A message that does not fit goes through the rank's pipe instead, with a marker in the ring or
-slot; that is the pipe channel's cost, so large payloads are never slower than with pipes.
+Message ``n`` (counted from 1) goes into chunk ``n % chunks`` with sequence byte ``n & 0xFF``,
+written after the data; a reader waits for that byte, and its reply carries the same byte. The
+writer reuses a chunk once every reader's consumed byte shows that it took the message before.
+Nothing is ever cleared, so a message costs one flag store on each side.
+
+A message that does not fit goes through the rank's pipe instead, with a length marker in the
+ring or slot; that is the pipe channel's cost, so large payloads are never slower than with pipes.
 
 Waiting: a party polls (with ``sched_yield``) for ``spin`` seconds (none after it sent more than
-``SPIN_MAX_BYTES``), then sets its sleeping byte, checks once more and blocks on its wake pipe; whoever publishes checks the sleeping bytes after
-publishing and writes a byte to the wake pipe of each sleeper. The store of the flag and the load
-of the other side's flag are separated by a full memory fence on both sides (a lock round trip:
-an atomic read-modify-write), so a wake-up is never lost; a bounded block is a second guard.
+``SPIN_MAX_BYTES``, and none for a while after a yield showed that another task needed the CPU:
+see ``Spinner``), then sets its sleeping byte, checks once more and blocks on its wake pipe;
+whoever publishes checks the sleeping bytes after publishing and writes a byte to the wake pipe
+of each sleeper. The store of the flag and the load of the other side's flag are separated by a
+full memory fence on both sides (a lock round trip: an atomic read-modify-write), so a wake-up is
+never lost; a bounded block is a second guard.
 
 Writer and readers never wait forever on each other: the parent's waits take a deadline and the
 worker processes' sentinels; a worker whose parent dies is ended by its death pipe.
@@ -40,7 +49,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from multiprocessing import connection, reduction
+from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
@@ -55,14 +64,24 @@ BLOCK_STEP = 0.1  # the longest a blocked party sleeps before it looks again (a 
 # a larger message knows the answer will take at least the time to decode it: it blocks at once
 # (and leaves the CPU to whoever decodes).
 SPIN_MAX_BYTES = 64 * 1024
+# A yield that gives the CPU away for longer than this means that another task needed it for a
+# time slice (the scheduler's smallest is 0.75 ms; a woken worker's first round takes up to
+# ~0.2 ms here): polling would cost that task a slice per round, so the waiting side blocks
+# instead, and polls again only after QUIET_AFTER_CONTENTION seconds.
+CONTENDED_YIELD = 500e-6
+QUIET_AFTER_CONTENTION = 0.25
+COPY_MAX_BYTES = 64 * 1024  # a reply up to this size is copied out; a larger one decoded in place
 
 LINE = 64  # one cache line, so that parties polling different flags do not share one
 _LEN = struct.Struct("<Q")
+LENGTH_AT = 8  # in a chunk or slot header: the sequence byte at 0, the length here
 OVERFLOW = (1 << 64) - 1  # length marker: the message travels through the rank's pipe
 
 _fence_lock = threading.Lock()
 # x86 keeps stores in order and loads in order: data written before a flag is seen before it.
 _TOTAL_STORE_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+_sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
+_now = time.monotonic
 
 
 def _fence() -> None:
@@ -73,12 +92,6 @@ def _fence() -> None:
     """
     with _fence_lock:
         pass
-
-
-def _order() -> None:
-    """Keep data and its flag in order, on CPUs that do not do so by themselves (ARM)."""
-    if not _TOTAL_STORE_ORDER:
-        _fence()
 
 
 class ChannelLost(Exception):
@@ -132,8 +145,9 @@ def _wake(fd: int) -> None:
 
 
 def _drain(fd: int) -> None:
+    """Empty a wake pipe: one read, unless it came back full."""
     with contextlib.suppress(BlockingIOError, OSError):
-        while os.read(fd, 4096):
+        while len(os.read(fd, 4096)) == 4096:
             pass
 
 
@@ -141,59 +155,41 @@ class Geometry:
     """Where everything lives in the memory file; the same arithmetic on both sides."""
 
     def __init__(self, readers: int, chunk_bytes: int, chunks: int, slot_bytes: int) -> None:
+        if not 1 <= chunks < 256:
+            raise ValueError(f"chunks={chunks}: a ring has 1 to 255 chunks (sequence bytes)")
         self.readers = readers
         self.chunk_bytes = chunk_bytes
         self.chunks = chunks
         self.slot_bytes = slot_bytes
-        self.chunk_header = _round_up(1 + readers + _LEN.size)
-        self.chunk_stride = _round_up(self.chunk_header + chunk_bytes)
-        self.ring = LINE * (1 + readers)
-        self.slot_header = _round_up(1 + _LEN.size)
-        self.slot_stride = _round_up(self.slot_header + slot_bytes)
-        self.slots = self.ring + chunks * self.chunk_stride
-        self.size = self.slots + readers * self.slot_stride
+        chunk_stride = _round_up(LINE + chunk_bytes)
+        slot_stride = _round_up(LINE + slot_bytes)
+        ring = LINE * (1 + readers)
+        slots = ring + chunks * chunk_stride
+        self.chunk_at = [ring + index * chunk_stride for index in range(chunks)]
+        self.slot_at = [slots + rank * slot_stride for rank in range(readers)]
+        self.size = slots + readers * slot_stride
 
-    def sleeping(self, party: int) -> int:
-        """Offset of a sleeping byte: party 0 is the parent, party ``1 + rank`` a reader."""
+    @staticmethod
+    def line(party: int) -> int:
+        """Offset of a party's line: 0 is the parent, ``1 + rank`` a reader."""
         return LINE * party
-
-    def chunk(self, index: int) -> int:
-        """Offset of chunk ``index``: written byte, read bytes, length, then data."""
-        return self.ring + index * self.chunk_stride
-
-    def slot(self, rank: int) -> int:
-        """Offset of ``rank``'s reply slot: full byte, length, then data."""
-        return self.slots + rank * self.slot_stride
 
 
 def _round_up(n: int) -> int:
     return (n + LINE - 1) // LINE * LINE
 
 
-def _spin_then_block(
+def _sleep_until(
     ready: Callable[[], bool],
     mm: mmap.mmap,
     sleeping_at: int,
-    spin: float,
     block: Callable[[float], bool],
     deadline: float | None,
 ) -> bool:
-    """Poll ``ready`` for ``spin`` seconds, then block; False when ``deadline`` passed first.
+    """Block (the sleeping byte set) until ``ready()``; False when ``deadline`` passed first.
 
     ``block(seconds)`` sleeps until woken (True means: stop waiting, something else happened).
     """
-    if ready():
-        return True
-    end_spin = time.monotonic() + spin
-    while spin > 0:
-        os.sched_yield()
-        if ready():
-            return True
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            return False
-        if now >= end_spin:
-            break
     mm[sleeping_at] = 1
     try:
         while True:
@@ -202,13 +198,50 @@ def _spin_then_block(
                 return True
             wait = BLOCK_STEP
             if deadline is not None:
-                wait = min(wait, deadline - time.monotonic())
+                wait = min(wait, deadline - _now())
                 if wait <= 0:
                     return False
             if block(wait):
                 return True
     finally:
         mm[sleeping_at] = 0
+
+
+class Spinner:
+    """One party's polling policy: poll while the CPU is free for it, block otherwise.
+
+    Polling yields the CPU on every round (``sched_yield``), so that a party that shares a CPU
+    with the one it waits for lets it run. When a yield comes back late, another task needed
+    the CPU; polling then costs that task a time slice per round, so this party stops polling
+    (the wait blocks) for ``QUIET_AFTER_CONTENTION`` seconds.
+    """
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self.quiet_until = 0.0  # no polling before this time (monotonic)
+
+    def poll(self, mm: mmap.mmap, flags: Sequence[int], seq: int, deadline: float | None) -> bool:
+        """Poll until every byte at ``flags`` is ``seq``, for the window (or until
+        ``deadline``); False: block now."""
+        now = _now()
+        if self.window <= 0 or now < self.quiet_until:
+            return False
+        end = now + self.window
+        if deadline is not None and deadline < end:
+            end = deadline
+        while True:
+            _sched_yield()
+            for at in flags:
+                if mm[at] != seq:
+                    break
+            else:
+                return True
+            last, now = now, _now()
+            if now - last > CONTENDED_YIELD:
+                self.quiet_until = now + QUIET_AFTER_CONTENTION
+                return False
+            if now >= end:
+                return False
 
 
 # -- the parent's side -----------------------------------------------------------------------
@@ -226,13 +259,17 @@ class ShmChannel:
     ) -> None:
         self.geometry = g = Geometry(readers, chunk_bytes, chunks, slot_bytes)
         self.spin = spin
+        self._spinner = Spinner(spin)
         self.conns: list[Connection] = []  # the ranks' pipes, for what does not fit
         self._fd = _anonymous_file(g.size, f"hwlaunch-{os.getpid()}-rpc")
         self.mm = mmap.mmap(self._fd, g.size)
         self._wake_r, self._wake_w = _wake_pipe()  # readers wake the parent
         self._reader_wakes = [_wake_pipe() for _ in range(readers)]
-        self._next = 0  # ring index of the next message
+        self._sleeping = [(g.line(1 + r), w) for r, (_, w) in enumerate(self._reader_wakes)]
+        self._consumed = [g.line(1 + r) + 1 for r in range(readers)]
+        self._sent = 0  # messages sent so far; the last one's sequence byte is its low byte
         self._last_size = 0  # of the last message sent
+        self._poller: tuple[tuple[int, ...], Any] | None = None
         self._closed = False
 
     def endpoint(self, rank: int, conn: Connection | None = None) -> ShmEndpoint:
@@ -254,48 +291,53 @@ class ShmChannel:
         return (self._wake_r, *others, *(w for _, w in self._reader_wakes))
 
     # writing
-    def send(self, data: bytes, alive: Callable[[], None], deadline: float | None = None) -> None:
-        """Write one message for every reader; ``alive()`` raises when a reader is gone.
-
-        A message larger than a chunk is marked in the ring and written to each rank's pipe.
+    def send(
+        self,
+        data: Buffer,
+        alive: Callable[[], None],
+        deadline: float | None = None,
+        head: bytes = b"",
+    ) -> None:
+        """Write one message, ``head + data``, for every reader; ``alive()`` raises when a
+        reader is gone. A message larger than a chunk is marked in the ring and written to each
+        rank's pipe.
         """
         g, mm = self.geometry, self.mm
-        self._last_size = len(data)
-        at = g.chunk(self._next)
-        reads = range(at + 1, at + 1 + g.readers)
-
-        def free() -> bool:
-            return mm[at] == 0 or all(mm[i] for i in reads)
-
-        while not free():  # a reader has not taken the message before last in this chunk
-            self._wait_free(free, alive, deadline)
-        mm[at] = 0
-        mm[at + 1 : at + 1 + g.readers] = bytes(g.readers)
-        big = len(data) > g.chunk_bytes
-        _LEN.pack_into(mm, at + 1 + g.readers, OVERFLOW if big else len(data))
+        n = self._sent + 1
+        for consumed in self._consumed:
+            if (n - mm[consumed]) & 0xFF > g.chunks:  # it has not taken the chunk's last one
+                self._wait_free(n, alive, deadline)
+                break
+        at = g.chunk_at[n % g.chunks]
+        size = len(head) + len(data)
+        big = size > g.chunk_bytes
+        _LEN.pack_into(mm, at + LENGTH_AT, OVERFLOW if big else size)
         if not big:
-            mm[at + g.chunk_header : at + g.chunk_header + len(data)] = data
-        _order()  # the message is in memory before its flag says so
-        mm[at] = 1
-        self._next = (self._next + 1) % g.chunks
-        _fence()
-        for rank in range(g.readers):
-            if mm[g.sleeping(1 + rank)]:
-                _wake(self._reader_wakes[rank][1])
+            start = at + LINE + len(head)
+            mm[at + LINE : start] = head
+            mm[start : start + len(data)] = data
+        if not _TOTAL_STORE_ORDER:
+            _fence()  # the message is in memory before its sequence byte says so
+        mm[at] = n & 0xFF
+        self._sent, self._last_size = n, size
+        with _fence_lock:  # a full fence (see _fence)
+            pass
+        for line, wake_w in self._sleeping:
+            if mm[line]:
+                _wake(wake_w)
         if big:
+            message = head + data
             for rank, conn in enumerate(self.conns):
                 try:
-                    conn.send_bytes(data)
+                    conn.send_bytes(message)
                 except OSError:
                     raise ChannelLost(rank) from None
 
-    def _wait_free(
-        self, free: Callable[[], bool], alive: Callable[[], None], deadline: float | None
-    ) -> None:
-        step = 0.0001
-        while not free():
+    def _wait_free(self, n: int, alive: Callable[[], None], deadline: float | None) -> None:
+        mm, chunks, step = self.mm, self.geometry.chunks, 0.0001
+        while any((n - mm[at]) & 0xFF > chunks for at in self._consumed):
             alive()
-            if deadline is not None and time.monotonic() >= deadline:
+            if deadline is not None and _now() >= deadline:
                 raise TimeoutError("a reader did not take an earlier message in time")
             time.sleep(step)
             step = min(step * 2, 0.01)
@@ -308,56 +350,101 @@ class ShmChannel:
         sentinels: Sequence[int],
         decode: Callable[[Buffer], T],
     ) -> tuple[list[tuple[int, T]], list[int]]:
-        """Replies ``(rank, decode(data))`` that have arrived from ``pending`` ranks, and the
-        ``sentinels`` that became ready; both empty when ``timeout`` passed first.
+        """Replies ``(rank, decode(data))`` to the last message that have arrived from
+        ``pending`` ranks, and the ``sentinels`` that became ready; both empty when ``timeout``
+        passed first.
 
-        Polls for ``spin`` seconds, then blocks on the wake pipe and the sentinels. A reply in
-        shared memory is decoded where it lies (no copy first); ``decode`` must not raise.
+        Polls for ``spin`` seconds until every pending rank answered, then blocks on the wake
+        pipe and the sentinels until one more does. ``decode`` must not raise.
         """
-        g, mm = self.geometry, self.mm
-        deadline = None if timeout is None else time.monotonic() + timeout
-        fulls = [(rank, g.slot(rank)) for rank in pending]
+        mm, slot_at, seq = self.mm, self.geometry.slot_at, self._sent & 0xFF
         ended: list[int] = []
-
-        def ready() -> bool:
-            return any(mm[at] for _, at in fulls)
-
-        def block(seconds: float) -> bool:
-            ready_ = connection.wait([self._wake_r, *sentinels], timeout=seconds)
-            _drain(self._wake_r)
-            ended.extend(s for s in ready_ if s != self._wake_r)  # type: ignore[misc]
-            return bool(ended)
-
-        _spin_then_block(ready, mm, g.sleeping(0), self._spin_after(), block, deadline)
+        for rank in pending:
+            if mm[slot_at[rank]] != seq:
+                self._await(pending, seq, timeout, sentinels, ended)
+                break
         replies = []
-        _order()  # nothing of a reply is read before its flag
-        for rank, at in fulls:
-            if not mm[at]:
+        if not _TOTAL_STORE_ORDER:
+            _fence()  # nothing of a reply is read before its sequence byte
+        for rank in pending:
+            at = slot_at[rank]
+            if mm[at] != seq:
                 continue
-            (length,) = _LEN.unpack_from(mm, at + 1)
-            if length == OVERFLOW:
+            (length,) = _LEN.unpack_from(mm, at + LENGTH_AT)
+            if length <= COPY_MAX_BYTES:  # one allocation is cheaper than a view
+                value = decode(mm[at + LINE : at + LINE + length])
+            elif length == OVERFLOW:
                 try:
                     value = decode(self.conns[rank].recv_bytes())
                 except (EOFError, OSError):
                     raise ChannelLost(rank) from None
-            else:
-                start = at + g.slot_header
-                with memoryview(mm) as whole, whole[start : start + length] as view:
+            else:  # decoded where it lies, not copied first
+                with memoryview(mm) as whole, whole[at + LINE : at + LINE + length] as view:
                     value = decode(view)
-            mm[at] = 0
             replies.append((rank, value))
-        if not replies and not ended and deadline is not None:
-            ended += [s for s in connection.wait(list(sentinels), timeout=0)]  # type: ignore[misc]
+        if not replies and not ended and timeout is not None:
+            ended += self._ready_sentinels(sentinels, 0)
         return replies, ended
 
-    def _spin_after(self) -> float:
-        return self.spin if self._last_size <= SPIN_MAX_BYTES else 0.0
+    def _await(
+        self,
+        pending: Collection[int],
+        seq: int,
+        timeout: float | None,
+        sentinels: Sequence[int],
+        ended: list[int],
+    ) -> None:
+        """Poll, then block, until a pending rank answers, a sentinel fires or time is up."""
+        deadline = None if timeout is None else _now() + timeout
+        mm, slot_at = self.mm, self.geometry.slot_at
+        flags = [slot_at[rank] for rank in pending]
+        if self._last_size <= SPIN_MAX_BYTES and self._spinner.poll(mm, flags, seq, deadline):
+            return
+        if not any(mm[slot_at[rank]] == seq for rank in pending):
+            self._block(pending, seq, sentinels, deadline, ended)
+
+    def _block(
+        self,
+        pending: Collection[int],
+        seq: int,
+        sentinels: Sequence[int],
+        deadline: float | None,
+        ended: list[int],
+    ) -> None:
+        mm, slot_at = self.mm, self.geometry.slot_at
+
+        def ready() -> bool:
+            return any(mm[slot_at[rank]] == seq for rank in pending)
+
+        def block(seconds: float) -> bool:
+            fired = self._ready_sentinels(sentinels, seconds, wake=True)
+            ended.extend(fired)
+            return bool(fired)
+
+        _sleep_until(ready, mm, self.geometry.line(0), block, deadline)
+
+    def _ready_sentinels(
+        self, sentinels: Sequence[int], seconds: float, *, wake: bool = False
+    ) -> list[int]:
+        """The sentinels that are ready within ``seconds`` (or, with ``wake``, at the first
+        wake-up); one poll object, kept while the sentinels stay the same."""
+        fds = (*sentinels, self._wake_r) if wake else tuple(sentinels)
+        if self._poller is None or self._poller[0] != fds:
+            poller = select.poll()
+            for fd in fds:
+                poller.register(fd, select.POLLIN)
+            self._poller = (fds, poller)
+        events = self._poller[1].poll(seconds * 1000)
+        if wake:
+            _drain(self._wake_r)
+        return [fd for fd, _ in events if fd != self._wake_r]
 
     def close(self) -> None:
         """Unmap and close every descriptor; the memory is freed when the workers are gone."""
         if self._closed:
             return
         self._closed = True
+        self._poller = None
         self.mm.close()
         for fd in (self._fd, self._wake_r, self._wake_w, *sum(self._reader_wakes, ())):
             with contextlib.suppress(OSError):
@@ -391,67 +478,73 @@ class ShmEndpoint:
         self.conn = conn
         self._mm: mmap.mmap | None = None
         self._poller: Any = None
-        self._next = 0
+        self._taken = 0  # messages taken so far
         self._last_size = 0  # of the last reply sent
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__ | {"_mm": None, "_poller": None}
 
-    def _map(self) -> tuple[Geometry, mmap.mmap]:
+    def _map(self) -> mmap.mmap:
         if self._mm is None:
-            self._g = Geometry(*self.geometry_args)
-            self._mm = mmap.mmap(self.memory.fd, self._g.size)
+            g = Geometry(*self.geometry_args)
+            self._mm = mmap.mmap(self.memory.fd, g.size)
             os.close(self.memory.fd)  # the mapping keeps the memory
+            self._chunk_at, self._chunks, self._slot_bytes = g.chunk_at, g.chunks, g.slot_bytes
+            self._line = g.line(1 + self.rank)
+            self._slot = g.slot_at[self.rank]
             self._poller = select.poll()
             self._poller.register(self.wake_r.fd, select.POLLIN)
-        return self._g, self._mm
+            self._spinner = Spinner(self.spin)
+        return self._mm
 
     def recv_bytes(self) -> bytes:
         """The next message (blocking). EOFError when the pipe it had to come through ended."""
-        g, mm = self._map()
-        at = g.chunk(self._next)
-        flag = at + 1 + self.rank
-        poller = self._poller
+        mm = self._mm or self._map()
+        n = self._taken + 1
+        seq, at = n & 0xFF, self._chunk_at[n % self._chunks]
+        if mm[at] != seq:
+            self._wait(at, seq)
+        if not _TOTAL_STORE_ORDER:
+            _fence()
+        (length,) = _LEN.unpack_from(mm, at + LENGTH_AT)
+        data = None if length == OVERFLOW else mm[at + LINE : at + LINE + length]
+        mm[self._line + 1] = seq  # consumed: the writer may reuse the chunk
+        self._taken = n
+        if data is None:
+            assert self.conn is not None
+            data = self.conn.recv_bytes()  # EOFError / OSError when the parent is gone
+        return data
 
-        def ready() -> bool:
-            return mm[at] == 1 and mm[flag] == 0
+    def _wait(self, at: int, seq: int) -> None:
+        mm = self._mm
+        assert mm is not None
+        if self._last_size <= SPIN_MAX_BYTES and self._spinner.poll(mm, (at,), seq, None):
+            return
+        poller = self._poller
 
         def block(seconds: float) -> bool:
             poller.poll(seconds * 1000)
             _drain(self.wake_r.fd)
             return False
 
-        spin = self.spin if self._last_size <= SPIN_MAX_BYTES else 0.0
-        _spin_then_block(ready, mm, g.sleeping(1 + self.rank), spin, block, None)
-        _order()
-        (length,) = _LEN.unpack_from(mm, at + 1 + g.readers)
-        if length == OVERFLOW:
-            data = None
-        else:
-            start = at + g.chunk_header
-            data = mm[start : start + length]
-        mm[flag] = 1
-        self._next = (self._next + 1) % g.chunks
-        if data is None:
-            assert self.conn is not None
-            data = self.conn.recv_bytes()  # EOFError / OSError when the parent is gone
-        return data
+        _sleep_until(lambda: mm[at] == seq, mm, self._line, block, None)
 
-    def send_bytes(self, data: bytes) -> None:
-        """Answer the last message (the parent takes each answer before it sends again)."""
-        g, mm = self._map()
-        self._last_size = len(data)
-        at = g.slot(self.rank)
-        while mm[at]:  # never the case while the parent keeps the protocol; never overwrite
-            time.sleep(0.0001)
-        big = len(data) > g.slot_bytes
-        _LEN.pack_into(mm, at + 1, OVERFLOW if big else len(data))
+    def send_bytes(self, data: Buffer) -> None:
+        """Answer the last message taken (the parent reads each answer before it sends again,
+        so the slot is free)."""
+        mm = self._mm or self._map()
+        at, size = self._slot, len(data)
+        big = size > self._slot_bytes
+        self._last_size = size
+        _LEN.pack_into(mm, at + LENGTH_AT, OVERFLOW if big else size)
         if not big:
-            mm[at + g.slot_header : at + g.slot_header + len(data)] = data
-        _order()
-        mm[at] = 1
-        _fence()
-        if mm[g.sleeping(0)]:
+            mm[at + LINE : at + LINE + size] = data
+        if not _TOTAL_STORE_ORDER:
+            _fence()
+        mm[at] = self._taken & 0xFF
+        with _fence_lock:  # a full fence (see _fence)
+            pass
+        if mm[0]:  # the parent's sleeping byte
             _wake(self.parent_wake_w.fd)
         if big:
             assert self.conn is not None
