@@ -156,9 +156,23 @@ def measure(rounds: int, method: str, spin: float) -> dict[str, Any]:
         "rounds": rounds,
         "samples": samples,
         "median": {k: statistics.median(v) for k, v in samples.items()},
+        "per_round_ratio": {
+            "noop": per_round(samples["shm/noop"], samples["pipe-floor/noop"], rounds),
+            "1MiB": per_round(samples["shm/1MiB"], samples["pipe/1MiB"], rounds),
+        },
         "mean": {k: statistics.mean(v) for k, v in samples.items()},
         "idle_core_fraction": idle,
     }
+
+
+def per_round(case: list[float], base: list[float], rounds: int) -> list[float]:
+    """The ratio of the two medians within each round (the first sample of a round is its
+    first call after the pause, so each round's calls are contiguous in the list)."""
+    n, m = len(case) // rounds, len(base) // rounds
+    return [
+        statistics.median(case[i * n : (i + 1) * n]) / statistics.median(base[i * m : (i + 1) * m])
+        for i in range(rounds)
+    ]
 
 
 def report(result: dict[str, Any]) -> str:
@@ -191,6 +205,13 @@ def report(result: dict[str, Any]) -> str:
             f"1 MiB echo to 2 workers, shm (spin {spin:g} s)", "shm-spin/1MiB", "pipe/1MiB", "pipe"
         ),
         row("1 MiB echo to 2 workers, pipe channel", "pipe/1MiB", floor_mib, "floor"),
+    ]
+    per_round = result["per_round_ratio"]
+    lines += [
+        f"| per-round ratio, no-op shm (spin {default:g} s) / floor: lowest, highest | "
+        f"{min(per_round['noop']):.2f}x, {max(per_round['noop']):.2f}x | | |",
+        f"| per-round ratio, 1 MiB echo shm (spin {default:g} s) / pipe channel: lowest, highest | "
+        f"{min(per_round['1MiB']):.2f}x, {max(per_round['1MiB']):.2f}x | | |",
     ]
     for name, label in (("shm", f"spin {default:g} s"), ("shm-spin", f"spin {spin:g} s")):
         lines.append(
