@@ -285,6 +285,8 @@ def test_shm_executor_rank_order_payloads_and_errors(method: str, spin: float) -
         assert info.value.rank == 1 and "rank 1 fails on purpose" in str(info.value)
         assert "in fail_on" in info.value.remote_traceback
         assert executor.collective_rpc("echo", ("still usable",)) == ["still usable"] * 3
+        for number in range(600):  # past the 256 values of the sequence byte, twice
+            assert executor.collective_rpc("echo", (number,)) == [number] * 3
 
 
 @pytest.mark.parametrize(("channel", "spin"), [("shm", 0.05), ("pipe", None)])
