@@ -563,3 +563,90 @@ def test_actor_killed_between_rpcs_restarts_the_group(connected: Any) -> None:
     finally:
         executor.shutdown()
     assert set(our_placement_groups().values()) <= {"REMOVED"}
+
+
+# -- node loss -------------------------------------------------------------------------------
+def node_hosting(cluster: Any, node_id: str) -> Any:
+    """The cluster's worker node (not the head, which the driver is attached to) by node id."""
+    for node in cluster.worker_nodes:
+        if node.node_id == node_id:
+            return node
+    raise AssertionError(f"node {node_id} is not a worker node of the test cluster")
+
+
+def lose_node(cluster: Any, executor: Any) -> tuple[Any, Any]:
+    """Remove the worker node that hosts one of the executor's ranks (its raylet, object store
+    and every worker process on it, as when a machine goes away); return (rank's place, node)."""
+    head = cluster.head_node.node_id
+    victim = next(place for place in executor.nodes if place.node_id != head)
+    node = node_hosting(cluster, victim.node_id)
+    cluster.remove_node(node, allow_graceful=False)
+    return victim, node
+
+
+def restore_two_nodes(cluster: Any) -> None:
+    """Bring the module's cluster back to two live nodes for the tests that follow."""
+    if len(cluster.worker_nodes) < 1:
+        cluster.add_node(**NODE_ARGS)
+    cluster.wait_for_nodes()
+    deadline = time.monotonic() + 60
+    while sum(1 for n in ray.nodes() if n["Alive"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_a_lost_node_fails_the_group_with_worker_died_error(connected: Any) -> None:
+    """A node that goes away with a rank on it: the executor notices (monitor or the next
+    call), names the rank and its node, and releases what it holds on the surviving node."""
+    ex = RayExecutor(cluster_plan(world_size=2, nnodes=2))
+    try:
+        assert len({place.node_id for place in ex.nodes}) == 2
+        victim, _ = lose_node(connected, ex)
+        lost_at = time.monotonic()
+        while ex._group.died is None and time.monotonic() - lost_at < 60:
+            time.sleep(0.05)
+        noticed = time.monotonic() - lost_at
+        print(f"figure: ray node lost: noticed after {noticed:.2f} s")
+        with pytest.raises(WorkerDiedError) as info:
+            ex.collective_rpc("ping", timeout=60)
+        assert info.value.rank == victim.rank
+        assert victim.node_id[:12] in str(info.value)
+        survivors = [place.pid for place in ex.nodes if place.rank != victim.rank]
+        ex.shutdown()
+        assert wait_gone(survivors) == []
+        assert set(our_placement_groups().values()) <= {"REMOVED"}
+    finally:
+        ex.shutdown()
+        restore_two_nodes(connected)
+
+
+@pytest.mark.slow
+def test_a_lost_node_replaced_by_a_new_one_restarts_the_group(connected: Any) -> None:
+    """max_restarts=1 and a node lost, then a new node joining (as an autoscaler or an
+    operator would add one): the group restarts on the surviving and the new node, replays
+    its setup call, and its all-reduce spans both."""
+    import hwlaunch
+
+    def load(worker: Any) -> None:
+        worker.model = 40 + worker.rank
+
+    executor = hwlaunch.launch(cluster_plan(world_size=2, nnodes=2, max_restarts=1))
+    try:
+        executor.collective_rpc(load, setup=True)
+        victim, _ = lose_node(connected, executor)
+        connected.add_node(**NODE_ARGS)  # the replacement
+        deadline = time.monotonic() + 120
+        while executor.restarts == 0 and time.monotonic() < deadline:
+            with contextlib.suppress(WorkerDiedError):
+                executor.collective_rpc("ping", timeout=60)  # a call that meets the old group
+            time.sleep(0.1)
+        assert executor.restarts == 1, executor.plan.warnings
+        assert executor.plan.warnings[0].startswith(f"restart 1 of 1: worker rank {victim.rank}")
+        nodes = {place.node_id for place in executor.nodes}
+        assert len(nodes) == 2 and victim.node_id not in nodes
+        got = executor.collective_rpc(lambda worker: (worker.model, worker.all_reduce_rank()))
+        assert got == [(40, 1), (41, 1)]
+    finally:
+        executor.shutdown()
+        restore_two_nodes(connected)
+    assert set(our_placement_groups().values()) <= {"REMOVED"}
