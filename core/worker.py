@@ -40,8 +40,16 @@ class Worker:
 
     @property
     def device_index(self) -> int:
-        """The index of this worker's device among those it sees: 0 under the ``per_worker``
-        binding (it sees only its own), else its local rank."""
+        """The index of this worker's device among those it sees.
+
+        Started by hwlaunch: 0 under the ``per_worker`` binding (it sees only its own), else
+        its local rank. Started by a launcher (the ``external`` executor), hwlaunch set no
+        visibility: see :func:`launcher_device_index`.
+        """
+        if self.plan.executor == "external":
+            return launcher_device_index(
+                self.local_rank, self.plan.device_control_env_var, os.environ
+            )
         return 0 if self.plan.device_binding == "per_worker" else self.local_rank
 
     def init_device(self) -> None:
@@ -118,3 +126,20 @@ class Worker:
         tensor = torch.tensor([self.rank], dtype=torch.int64, device=self.device)
         dist.all_reduce(tensor)
         return int(tensor.item())
+
+
+def launcher_device_index(local_rank: int, visibility_var: str | None, environ: Any) -> int:
+    """The device of a rank that a launcher started, among the devices it sees.
+
+    The launcher, not hwlaunch, decided what the process sees. When it sees every device of
+    its node (torchrun, or srun without GPU binding: the visibility variable unset, or listing
+    more devices than the local rank), the rank takes its local rank. When the launcher gave
+    the task devices of its own (``srun --gpus-per-task=1`` sets ``CUDA_VISIBLE_DEVICES`` to
+    the task's GPU), it lists no more devices than the local rank, and the rank takes the
+    first: index 0.
+    """
+    visible = environ.get(visibility_var) if visibility_var else None
+    if visible is None:
+        return local_rank
+    count = len([device for device in visible.split(",") if device.strip()])
+    return local_rank if count > local_rank else 0

@@ -14,6 +14,7 @@ import pytest
 from hwlaunch import resolve
 from hwlaunch.errors import ConfigError
 from hwlaunch.planning.launchers import LAUNCHERS, Found, detect_launcher, expand_hostlist
+from hwlaunch.worker import Worker
 
 TORCHRUN = {
     "TORCHELASTIC_RUN_ID": "job1",
@@ -271,3 +272,52 @@ def test_bad_hostlist_names_the_value(bad: str) -> None:
 def test_bad_launcher_variable_names_it(no_launcher: Path) -> None:
     with pytest.raises(ConfigError, match="invalid value 'four' of WORLD_SIZE set by torchrun"):
         detect_launcher({**TORCHRUN, "WORLD_SIZE": "four"})
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "visible", "index"),
+    [
+        (3, None, 3),  # torchrun: every GPU of the node is visible, the rank takes its own
+        (3, "0,1,2,3,4,5,6,7", 3),  # srun without GPU binding
+        (3, "5", 0),  # srun --gpus-per-task=1: the task's one GPU
+        (3, "6,7", 0),  # srun --gpus-per-task=2: the first of the task's two
+        (0, "4", 0),
+        (1, "0,1", 1),  # a job-wide list shorter than the node: still the local rank
+    ],
+)
+def test_a_launched_rank_binds_the_device_the_launcher_left_it(
+    no_launcher: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    local_rank: int,
+    visible: str | None,
+    index: int,
+) -> None:
+    """Under a launcher hwlaunch sets no visibility: a CUDA rank binds its local rank among
+    the GPUs it sees, or GPU 0 when the launcher gave it GPUs of its own (not device 0 for
+    every rank, which is what the per_worker binding of hwlaunch's own workers means)."""
+    plan = resolve(
+        backend="cuda",
+        world_size=8,
+        assume=["launcher=torchrun", "cuda.available=true", "cuda.device_count=8"],
+    )
+    assert plan.executor == "external" and plan.device_binding == "per_worker"
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    worker = Worker(
+        rank=local_rank, local_rank=local_rank, world_size=8, plan=plan,
+        master_addr="127.0.0.1", master_port=29500,
+    )  # fmt: skip
+    assert worker.device_index == index
+    mp_plan = resolve(
+        backend="cuda",
+        world_size=8,
+        executor="mp",
+        assume=["cuda.available=true", "cuda.device_count=8", "cuda.initialized=false"],
+    )
+    started_by_us = Worker(
+        rank=local_rank, local_rank=local_rank, world_size=8, plan=mp_plan,
+        master_addr="127.0.0.1", master_port=29500,
+    )  # fmt: skip
+    assert started_by_us.device_index == 0  # per_worker: it sees only its own GPU
