@@ -21,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import multiprocessing.process
     from collections.abc import Callable
     from multiprocessing.connection import Connection
 
@@ -120,6 +121,39 @@ def pipe_echo(conn: Connection, other_end: Connection, *, unpickle: bool) -> Non
                 conn.send_bytes(conn.recv_bytes())
         except (EOFError, OSError):
             return
+
+
+def start_pipe_echoes(
+    n: int, *, unpickle: bool = False
+) -> tuple[list[Connection], list[multiprocessing.process.BaseProcess]]:
+    """``n`` forked children that echo what arrives on their pipe: the parent's pipe ends and
+    the children (close the ends, then join the children, to stop them)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    ends, children = [], []
+    for _ in range(n):
+        parent_end, child_end = ctx.Pipe()
+        child = ctx.Process(
+            target=pipe_echo, args=(child_end, parent_end), kwargs={"unpickle": unpickle}
+        )
+        child.start()
+        child_end.close()
+        ends.append(parent_end)
+        children.append(child)
+    return ends, children
+
+
+def pipe_round_trip(ends: list[Connection], data: bytes) -> Callable[[], None]:
+    """The raw Pipe floor: ``data`` out to every child, then its echo back from each."""
+
+    def round_trip() -> None:
+        for end in ends:
+            end.send_bytes(data)
+        for end in ends:
+            end.recv_bytes()
+
+    return round_trip
 
 
 # -- time to ready (and memory) ---------------------------------------------------------------
@@ -255,28 +289,17 @@ def ready_ray(n: int, launches: int) -> dict[str, Any]:
 
 # -- collective RPC round trips ---------------------------------------------------------------
 def rpc(rounds: int, with_ray: bool) -> dict[str, Any]:
-    import multiprocessing
 
     import torch  # noqa: F401
 
     import hwlaunch
 
     small, large = b"x" * 16, os.urandom(MIB)
-    ctx = multiprocessing.get_context("fork")
     floors: dict[str, list[Connection]] = {}
     children = []
     for name, unpickle in (("pipe", False), ("pipe+pickle", True)):
-        ends = []
-        for _ in range(2):
-            parent_end, child_end = ctx.Pipe()
-            child = ctx.Process(
-                target=pipe_echo, args=(child_end, parent_end), kwargs={"unpickle": unpickle}
-            )
-            child.start()
-            child_end.close()
-            ends.append(parent_end)
-            children.append(child)
-        floors[name] = ends
+        floors[name], started = start_pipe_echoes(2, unpickle=unpickle)
+        children += started
     executor = hwlaunch.launch(
         backend="cpu",
         world_size=2,
@@ -284,15 +307,6 @@ def rpc(rounds: int, with_ray: bool) -> dict[str, Any]:
         init_distributed=False,
         worker_extension=Echo,
     )
-
-    def raw(ends: list[Connection], data: bytes) -> Callable[[], None]:
-        def round_trip() -> None:
-            for end in ends:
-                end.send_bytes(data)
-            for end in ends:
-                end.recv_bytes()
-
-        return round_trip
 
     def pickled(ends: list[Connection], data: bytes) -> Callable[[], None]:
         def round_trip() -> None:
@@ -304,8 +318,8 @@ def rpc(rounds: int, with_ray: bool) -> dict[str, Any]:
         return round_trip
 
     cases: dict[str, Callable[[], None]] = {
-        "pipe/noop": raw(floors["pipe"], small),
-        "pipe/1MB": raw(floors["pipe"], large),
+        "pipe/noop": pipe_round_trip(floors["pipe"], small),
+        "pipe/1MB": pipe_round_trip(floors["pipe"], large),
         "pipe+pickle/noop": pickled(floors["pipe+pickle"], small),
         "pipe+pickle/1MB": pickled(floors["pipe+pickle"], large),
         "hwlaunch/noop": lambda: executor.collective_rpc("ping"),

@@ -25,36 +25,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import random
 import statistics
 import sys
 import time
 from collections.abc import Callable
-from multiprocessing.connection import Connection
 from typing import Any
+
+from _contenders import Echo, pipe_round_trip, start_pipe_echoes  # benchmarks/ on sys.path
 
 MIB = 1024 * 1024
 CALLS = {"noop": 300, "1MiB": 20}  # per contender and round
 IDLE_SECONDS = 5.0
-
-
-class Echo:
-    """worker_extension: a named method that returns its argument."""
-
-    def echo(self, data: bytes) -> bytes:
-        return data
-
-
-def pipe_echo(conn: Connection, other_end: Connection) -> None:
-    """Raw Pipe floor: send back what arrives."""
-    other_end.close()
-    while True:
-        try:
-            conn.send_bytes(conn.recv_bytes())
-        except (EOFError, OSError):
-            return
 
 
 def measure(rounds: int, method: str, spin: float) -> dict[str, Any]:
@@ -64,15 +47,7 @@ def measure(rounds: int, method: str, spin: float) -> dict[str, Any]:
     import hwlaunch
 
     small, large = b"x" * 16, os.urandom(MIB)
-    ctx = multiprocessing.get_context("fork")
-    ends, children = [], []
-    for _ in range(2):
-        parent_end, child_end = ctx.Pipe()
-        child = ctx.Process(target=pipe_echo, args=(child_end, parent_end))
-        child.start()
-        child_end.close()
-        ends.append(parent_end)
-        children.append(child)
+    ends, children = start_pipe_echoes(2)
 
     def launch(channel: str, n: int, rpc_spin: float | None = None) -> Any:
         return hwlaunch.launch(
@@ -95,23 +70,14 @@ def measure(rounds: int, method: str, spin: float) -> dict[str, Any]:
     default_spin = executors["shm"].rpc_spin
     window = max(spin, default_spin or 0.0)  # the longest any contender's workers poll
 
-    def raw(data: bytes) -> Callable[[], None]:
-        def round_trip() -> None:
-            for end in ends:
-                end.send_bytes(data)
-            for end in ends:
-                end.recv_bytes()
-
-        return round_trip
-
     def rpc(name: str, *args: Any) -> Callable[[], Any]:
         executor = executors[name]
         return lambda: executor.collective_rpc(*args)
 
-    cases: dict[str, Callable[[], Any]] = {"pipe-floor/noop": raw(small)}
+    cases: dict[str, Callable[[], Any]] = {"pipe-floor/noop": pipe_round_trip(ends, small)}
     for name in executors:
         cases[f"{name}/noop"] = rpc(name, "ping")
-    cases["pipe-floor/1MiB"] = raw(large)
+    cases["pipe-floor/1MiB"] = pipe_round_trip(ends, large)
     for name in ("shm", "shm-spin", "pipe"):
         cases[f"{name}/1MiB"] = rpc(name, "echo", (large,))
     samples: dict[str, list[float]] = {name: [] for name in cases}
