@@ -27,6 +27,7 @@ import psutil
 import pytest
 import torch  # noqa: F401  imported before forking, as a real parent does
 from call_options import CallOptionsProbe, check_call_options
+from processes import alive, kill_all, processes, wait_until
 
 import hwlaunch
 from hwlaunch import (
@@ -55,22 +56,6 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_env")]
 
 
 # -- helpers -------------------------------------------------------------------------------
-def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.005)
-    return time.monotonic() - start
-
-
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def my_shm_entries(pid: int) -> list[str]:
     """What a parent of this pid would have named in /dev/shm (others' entries are not ours)."""
     return [name for name in os.listdir("/dev/shm") if f"hwlaunch-{pid}" in name]
@@ -306,7 +291,7 @@ def test_worker_killed_mid_call_fails_it_within_a_second(
         print(f"figure: {method} {channel}: WorkerDiedError {took * 1000:.0f} ms after SIGKILL")
         assert info.value.rank == 1 and info.value.exitcode == -signal.SIGKILL
         assert took < 1.0  # the call itself would have taken 60 s
-        assert not [pid for pid in pids if running(pid)]
+        assert not alive(processes(pids))
     finally:
         executor.shutdown()
 
@@ -323,28 +308,26 @@ def test_parent_sigkill_leaves_no_worker_and_no_shm(method: str, tmp_path: Path)
         stderr=subprocess.PIPE,
         text=True,
     )
-    workers: list[int] = []
+    workers: list[psutil.Process] = []
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         assert line, proc.stderr.read() if proc.stderr else ""
-        workers = json.loads(line)["workers"]
+        workers = processes(json.loads(line)["workers"])
         wait_until(lambda: len(os.listdir(tmp_path)) == 2, 60, "both workers in the RPC")
-        for pid in workers:  # the workers do map the channel's memory
-            maps = Path(f"/proc/{pid}/maps").read_text()
+        for worker in workers:  # the workers do map the channel's memory
+            maps = Path(f"/proc/{worker.pid}/maps").read_text()
             assert f"memfd:hwlaunch-{proc.pid}-rpc" in maps
         assert my_shm_entries(proc.pid) == []
         proc.kill()
         assert proc.wait(10) == -signal.SIGKILL
-        took = wait_until(lambda: not any(map(running, workers)), 3.0, "workers to follow")
+        took = wait_until(lambda: not alive(workers), 3.0, "workers to follow")
         print(f"figure: {method} shm: workers gone {took * 1000:.0f} ms after parent SIGKILL")
         assert my_shm_entries(proc.pid) == []
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait(10)
-        for pid in workers:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(pid).kill()
+        kill_all(workers)
 
 
 @pytest.mark.parametrize("method", METHODS)
