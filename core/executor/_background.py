@@ -39,12 +39,6 @@ class BackgroundCalls:
                 threading.Thread(target=self._run, name="hwlaunch-rpc", daemon=True).start()
         return future
 
-    @property
-    def busy(self) -> bool:
-        """A non-blocking call may still be queued or running."""
-        last = self._last
-        return last is not None and not last.done()
-
     def wait_for_last(self) -> None:
         """A blocking call waits for the non-blocking ones made before it."""
         last = self._last

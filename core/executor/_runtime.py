@@ -178,15 +178,11 @@ def answer(
     try:
         if worker is None:
             raise RuntimeError("the worker did not start")
-        method, args, kwargs = pickle.loads(payload)
+        method, args, kwargs = loads(payload)
         value = call(worker, method, args, kwargs, own_process=True)
         reply: tuple[Any, ...] = (*prefix, True, value if keep_value else None)
     except Exception as exc:
         reply = (*prefix, False, Failure.current(exc))
-    try:
-        return pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)  # dumps(), inlined: hot
-    except Exception:
-        pass
     try:
         return dumps(reply)
     except Exception as exc:

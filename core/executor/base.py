@@ -155,16 +155,14 @@ class Executor(ABC):
         del setup  # recorded by the restart controller (executor.restart), which wraps this one
         if unique_reply_rank is not None:
             self._check_reply_rank(unique_reply_rank)
-        name = method if isinstance(method, str) else encode_method(method)
-        request: Request = (name, tuple(args), dict(kwargs or {}))
-        label = method if isinstance(method, str) else method_label(method)
+        request: Request = (encode_method(method), tuple(args), dict(kwargs or {}))
+        label = method_label(method)
 
         if non_block:
             return self._background.submit(
                 functools.partial(self._run_call, request, label, timeout, unique_reply_rank)
             )
-        if self._background.busy:
-            self._background.wait_for_last()
+        self._background.wait_for_last()
         return self._run_call(request, label, timeout, unique_reply_rank)
 
     def _run_call(

@@ -25,7 +25,7 @@ from typing import Any
 
 from hwlaunch.errors import WorkerDiedError, WorkerStartupError, describe_exitcode
 from hwlaunch.executor._mainprep import main_entry, withholding_main
-from hwlaunch.executor._runtime import Failure, Request, dumps
+from hwlaunch.executor._runtime import Failure, Request, dumps, loads
 from hwlaunch.executor.base import (
     Executor,
     StatusCallback,
@@ -68,7 +68,7 @@ def _decode_reply(data: bytes | memoryview) -> tuple[int | None, bool, Any]:
     """``(rpc_id, ok, value)``; a reply that cannot be unpickled here (e.g. a result whose class
     the parent cannot import) is a Failure of the call it answers."""
     try:
-        reply: tuple[int, bool, Any] = pickle.loads(data)
+        reply: tuple[int, bool, Any] = loads(data)
         return reply
     except Exception as exc:
         return None, False, Failure.current(exc)
