@@ -304,10 +304,7 @@ class ShmChannel:
         """
         g, mm = self.geometry, self.mm
         n = self._sent + 1
-        for consumed in self._consumed:
-            if (n - mm[consumed]) & 0xFF > g.chunks:  # it has not taken the chunk's last one
-                self._wait_free(n, alive, deadline)
-                break
+        self._wait_free(n, alive, deadline)
         at = g.chunk_at[n % g.chunks]
         size = len(head) + len(data)
         big = size > g.chunk_bytes
@@ -334,6 +331,7 @@ class ShmChannel:
                     raise ChannelLost(rank) from None
 
     def _wait_free(self, n: int, alive: Callable[[], None], deadline: float | None) -> None:
+        """Return once every reader took the message before ``n`` in its chunk."""
         mm, chunks, step = self.mm, self.geometry.chunks, 0.0001
         while any((n - mm[at]) & 0xFF > chunks for at in self._consumed):
             alive()
