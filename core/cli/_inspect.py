@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from hwlaunch._cells import Cell
 from hwlaunch.cli._options import setting_options
 from hwlaunch.contract import CONTRACT_VERSION
 from hwlaunch.planning import settings
@@ -120,13 +121,14 @@ def _print_executors(console: Any, registry: Registry) -> None:
             "start method" if e["start_method"] else "",
             "needs a launcher" if e["needs_launcher"] else "",
         ]
-        executors.add_row(
+        cells = (
             e["name"],
             f"{e['plugin']} ({e['distribution']} {e['version']})",
             e["executor"],
             ", ".join(x for x in limits if x) or "-",
             e["description"],
         )
+        executors.add_row(*(Cell(cell) for cell in cells))
     console.print(executors, markup=False)
 
 
@@ -158,6 +160,8 @@ def backends(as_json: bool, verbose: bool) -> None:
     registry = default_registry()
     rows = backend_rows(registry)
     if as_json:
+        for warning in registry.selection_warnings:
+            click.echo(f"warning: {warning}", err=True)
         payload: Any = (
             {
                 "backends": rows,
@@ -191,7 +195,7 @@ def backends(as_json: bool, verbose: bool) -> None:
         table.add_column(column, overflow="fold")
     for row in rows:
         methods = row["start_methods"]
-        table.add_row(
+        cells = (
             row["name"] or "-",
             f"{row['plugin']} ({row['distribution']} {row['version']})",
             "yes" if row["available"] else "no",
@@ -205,6 +209,7 @@ def backends(as_json: bool, verbose: bool) -> None:
             row["ray_resource"] or "-",
             row["error"] or "",
         )
+        table.add_row(*(Cell(cell) for cell in cells))
     console.print(table, markup=False)
     console.print("[default start method in brackets]", markup=False)
     if verbose:
@@ -212,6 +217,8 @@ def backends(as_json: bool, verbose: bool) -> None:
         _print_plugins(console, registry)
     for skipped in registry.skipped:
         console.print(f"skipped plugin {skipped}", markup=False)
+    for warning in registry.selection_warnings:
+        console.print(f"warning: {warning}", markup=False, soft_wrap=True)
 
 
 @click.command()
