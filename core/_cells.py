@@ -10,7 +10,7 @@ identifier stays whole.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # rich is imported by the callers that render tables, only then
@@ -67,7 +67,7 @@ def widest(text: str) -> int:
 
 
 def column_widths(
-    rows: list[tuple[str, ...]], width: int, weights: tuple[int, ...]
+    rows: Sequence[Sequence[str]], width: int, weights: tuple[int, ...]
 ) -> list[int] | None:
     """Content widths for a bordered table of ``rows`` (the header first) that is ``width``
     wide, no column narrower than its widest unbreakable piece: the room left goes, a column

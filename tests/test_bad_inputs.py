@@ -371,9 +371,11 @@ def test_item8_json_worker_error_is_a_json_object_and_exit_1(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("path", "text"),
     [
-        ("no_such_pkg.mod:Extension", "ModuleNotFoundError: No module named 'no_such_pkg'"),
-        ("json:NoSuchClass", "AttributeError: module 'json' has no attribute 'NoSuchClass'"),
-        ("json:dumps", "is function"),
+        ("no_such_pkg.mod:Extension", "no module named 'no_such_pkg.mod' is installed"),
+        ("json.no_such_mod:Extension", "no module named 'json.no_such_mod'"),
+        ("json:JSONDecoderr", "module 'json' ("),
+        ("json:JSONDecoderr", "defines no 'JSONDecoderr'; did you mean 'JSONDecoder'?"),
+        ("hwlaunch.cli._job:GenerationWorkr", "did you mean 'GenerationWorker'?"),
         ("json.NoColon", "is not an import path; write 'package.module:ClassName'"),
     ],
 )

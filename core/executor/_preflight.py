@@ -7,9 +7,14 @@ per rank. The driver can say it once, naming the cause.
 
 from __future__ import annotations
 
+import ast
 import multiprocessing
+import os
 import re
+import sys
+from importlib.machinery import ModuleSpec
 
+from hwlaunch._checks import did_you_mean
 from hwlaunch.errors import ConfigError
 from hwlaunch.plan import Plan
 
@@ -82,23 +87,82 @@ def refuse_imagined_machine(plan: Plan) -> None:
         )
 
 
+def _find_spec(module: str) -> ModuleSpec | None:
+    """The module's spec, found as ``import`` would find it but without running the module or
+    its packages (an import in the driver would run user code there, and a fork would carry
+    the result into every worker)."""
+    path = None
+    spec = None
+    parts = module.split(".")
+    for index in range(len(parts)):
+        name = ".".join(parts[: index + 1])
+        if name in sys.modules:
+            spec = getattr(sys.modules[name], "__spec__", None)
+        else:
+            finders = (getattr(f, "find_spec", None) for f in sys.meta_path)
+            found = (find(name, path) for find in finders if find is not None)
+            spec = next((s for s in found if s is not None), None)
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+    return spec
+
+
+def _top_level_names(source: str) -> set[str] | None:
+    """The names a module binds at its top level (in ``if``/``try`` blocks too), or None when
+    they cannot be known without running it (a star import, a module ``__getattr__``)."""
+    names: set[str] = set()
+    statements = list(ast.parse(source).body)
+    while statements:
+        node = statements.pop()
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return None
+        if isinstance(node, ast.If | ast.Try | ast.With):
+            statements += [
+                *node.body,
+                *getattr(node, "orelse", []),
+                *getattr(node, "finalbody", []),
+            ]
+            statements += [s for h in getattr(node, "handlers", []) for s in h.body]
+        elif isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+        else:
+            names.update(n.id for n in ast.walk(node) if isinstance(n, ast.Name))
+    return None if "__getattr__" in names else names
+
+
 def check_extension_path(extension: type | str | None) -> None:
-    """Import a ``"package.module:ClassName"`` worker extension here, so that a typo or a
-    missing package is one ConfigError naming it rather than a failure in every worker."""
+    """Check a ``"package.module:ClassName"`` worker extension in the driver, without running
+    it: the module must be found and, where its source says, define the name. A typo is then
+    one ConfigError naming it rather than a failure in every worker."""
     if not isinstance(extension, str):
         return
-    from hwlaunch.executor._runtime import import_object
-
     where = f"worker_extension {extension!r}"
     if not _EXTENSION_PATH.match(extension):
         raise ConfigError(f"{where} is not an import path; write 'package.module:ClassName'")
-    try:
-        found = import_object(extension)
-    except Exception as exc:  # any import failure: name it, with the cause
+    module, _, attr = extension.partition(":")
+    spec = _find_spec(module)
+    if spec is None:
         raise ConfigError(
-            f"{where} cannot be imported in the driver: {type(exc).__name__}: {exc}. Fix: the "
-            "module must be importable where hwlaunch runs (installed, or on sys.path), and "
-            "define the class"
-        ) from exc
-    if not isinstance(found, type):
-        raise ConfigError(f"{where} is {type(found).__name__} {found!r}, not a class")
+            f"{where} cannot be imported: no module named {module!r} is installed or on "
+            "sys.path here. Fix: install it (where the workers run too), or correct the path"
+        )
+    name = attr.partition(".")[0]
+    loaded = sys.modules.get(module)
+    if loaded is not None:
+        names: set[str] | None = set(vars(loaded))
+    elif spec.origin and spec.origin.endswith(".py") and os.path.isfile(spec.origin):
+        with open(spec.origin, encoding="utf-8", errors="replace") as source:
+            try:
+                names = _top_level_names(source.read())
+            except SyntaxError:
+                names = None  # the workers' import reports it, with the line
+    else:
+        names = None  # compiled or frozen: only an import can tell
+    if names is not None and name not in names:
+        raise ConfigError(
+            f"{where}: module {module!r} ({spec.origin}) defines no {name!r}"
+            f"{did_you_mean(name, sorted(n for n in names if not n.startswith('_')))}"
+        )
