@@ -26,6 +26,8 @@ import pytest
 import hwlaunch
 from hwlaunch.errors import ConfigError, WorkerError
 from hwlaunch.executor.base import Executor
+from hwlaunch.planning.facts import probe_device
+from hwlaunch.planning.registry import default_registry
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -264,15 +266,17 @@ def test_item4_infinite_timeout_means_no_timeout(executor: Executor) -> None:
 
 
 def test_item5_plan_with_assumed_devices_is_refused_before_any_process() -> None:
-    plan = hwlaunch.resolve(world_size=2, assume={"cuda.device_count": 2})
-    assert plan.backend == "cuda"
+    probed = probe_device(default_registry().get("cuda"))  # 0 here; any count on a GPU machine
+    count = probed.device_count + 2
+    plan = hwlaunch.resolve(backend="cuda", world_size=2, assume={"cuda.device_count": count})
     before = children()
     with pytest.raises(ConfigError) as info:
         hwlaunch.launch(plan)
     message = str(info.value)
     assert "launch() refuses this plan" in message
-    assert "cuda.available (assumed true, probed false)" in message
-    assert "cuda.device_count (assumed 2, probed 0)" in message
+    assert f"cuda.device_count (assumed {count}, probed {probed.device_count})" in message
+    if not probed.available:
+        assert "cuda.available (assumed true, probed false)" in message
     assert children() == before
 
 

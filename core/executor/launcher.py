@@ -28,7 +28,8 @@ def launch(
     the caller's line. A caller that passes a plan has seen it: the warnings stay in
     ``plan.warnings`` and ``executor.warnings``, for it to show. ``worker_extension`` (a class,
     or ``"package.module:ClassName"``) is mixed into the backend's worker class, so its methods
-    can be called by name through ``collective_rpc``; a path is imported here first.
+    can be called by name through ``collective_rpc``; a path is checked here first (the
+    module found, the class in its source), without running it.
 
     A plan made with assumed facts that this machine lacks (a device, a start method, a
     launcher) is refused before any process starts: it describes another machine.
