@@ -109,8 +109,10 @@ def _find_spec(module: str) -> ModuleSpec | None:
 
 
 def _top_level_names(source: str) -> set[str] | None:
-    """The names a module binds at its top level (in ``if``/``try`` blocks too), or None when
-    they cannot be known without running it (a star import, a module ``__getattr__``)."""
+    """The names a module may bind at its top level (in ``if``/``try``/``with`` blocks too):
+    definitions, imports, and every name another top-level statement mentions (more than it
+    binds, so that only a name it cannot define is reported). None when that cannot be known
+    without running it (a star import, a module ``__getattr__``)."""
     names: set[str] = set()
     statements = list(ast.parse(source).body)
     while statements:
