@@ -258,8 +258,9 @@ def _phase_texts(plan: Plan, mode: str, prompts: list[str], max_new_tokens: int)
         if mode == "tensor"
         else "loading the model in every rank"
     )
+    how = plan.executor + (f", {plan.start_method}" if plan.start_method else "")
     return [
-        f"starting {plan.world_size} workers ({plan.executor}, {plan.start_method})",
+        f"starting {plan.world_size} workers ({how})",
         loading,
         f"generating {len(prompts)} prompts x {max_new_tokens} tokens",
         "single-process reference run",

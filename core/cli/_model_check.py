@@ -18,6 +18,8 @@ from typing import Any
 
 from hwlaunch.errors import ConfigError
 
+# The names config.json files give the number of attention heads (GPT-2 and GPT-J: n_head).
+HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
 BUILTIN_HEADS = 4  # the built-in model's attention heads (and key/value heads), see _demo_model
 
 
@@ -64,8 +66,8 @@ def check_model(path: str | None) -> ModelFacts:
             "transformers cannot load as a causal LM. Fix: pass a causal LM directory (for "
             "example a Llama, GPT-2 or Qwen model), or upgrade transformers"
         )
-    heads = _positive_int(config, "num_attention_heads", 1)
-    return ModelFacts(path, model_type, heads, _positive_int(config, "num_key_value_heads", heads))
+    heads = _positive_int(config, HEAD_KEYS, 1)
+    return ModelFacts(path, model_type, heads, _positive_int(config, ("num_key_value_heads",), heads))
 
 
 def _read_config(config_file: Path) -> dict[str, Any]:
@@ -81,9 +83,12 @@ def _read_config(config_file: Path) -> dict[str, Any]:
     return config
 
 
-def _positive_int(config: dict[str, Any], key: str, default: int) -> int:
-    value = config.get(key, default)
-    return value if isinstance(value, int) and value > 0 else default
+def _positive_int(config: dict[str, Any], keys: tuple[str, ...], default: int) -> int:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return default
 
 
 def causal_lm_model_types() -> frozenset[str] | None:
