@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.process
 import multiprocessing.spawn
+import os
 import sys
 import threading
 import types
@@ -34,6 +35,7 @@ from typing import Any
 from hwlaunch.errors import MissingMainGuardError
 
 _REASON = "__hwlaunch_reimport_refused__"
+STDIN = "<stdin>"  # the file name CPython gives code read from stdin
 _MAIN_ENTRIES = ("init_main_from_name", "init_main_from_path")
 
 # The process name whose main entries get_preparation_data must not see, per thread.
@@ -145,9 +147,13 @@ def reimport_main(entry: tuple[str, str]) -> None:
     """In the worker: what ``spawn.prepare()`` was kept from doing, done the same way.
 
     ``_inheriting`` is set as during ``prepare()``, so a launch at the program's top level meets
-    the same check (multiprocessing's bootstrapping error, hwlaunch's re-import error).
+    the same check (multiprocessing's bootstrapping error, hwlaunch's re-import error). Code
+    read from stdin is left alone: ``prepare()`` would die trying to run ``<cwd>/<stdin>``, and
+    what the worker needs of it (the extension class, the callables) travels by value.
     """
     key, value = entry
+    if key == "init_main_from_path" and os.path.basename(value) == STDIN:
+        return  # code read from stdin cannot be re-run; its callables came by value
     process: Any = multiprocessing.process.current_process()
     process._inheriting = True
     try:
