@@ -288,8 +288,9 @@ def test_workers_hand_main_functions_to_their_own_pools(tmp_path: Path) -> None:
 
 
 def test_unguarded_script_whose_worker_starts_a_spawn_pool(tmp_path: Path) -> None:
-    """The forked worker's spawned Pool children would re-run the module-level launch: a fork
-    Pool works, a spawn or forkserver Pool fails at once with the reason (no hang, no rerun)."""
+    """The forked worker's spawned Pool children must not re-run the module-level launch, so
+    they cannot have ``__main__.square``: a fork Pool works, a spawn or forkserver Pool of it
+    fails at once naming it (no hang, no rerun; tests/test_worker_children.py has the rest)."""
     source = (
         DEFS
         + POOLS
@@ -311,5 +312,6 @@ def test_unguarded_script_whose_worker_starts_a_spawn_pool(tmp_path: Path) -> No
     for _, _, outcome, kind, text in refused:
         assert (outcome, kind) == ("error", "WorkerError"), text
         assert "MissingMainGuardError" in text
-        assert "would re-run __main__, which reaches" in text and "main.py:" in text, text
+        assert "square is defined in __main__, which a spawn or forkserver child" in text, text
+        assert "must not re-run __main__, which reaches" in text and "main.py:" in text, text
         assert "get_context('fork')" in text
