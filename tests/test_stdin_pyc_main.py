@@ -170,3 +170,64 @@ def test_bytecode_guard_matches_the_source(source: str) -> None:
     for line, offset in marked:
         expected = lines[line - 1].endswith("# T")
         assert offset_is_guarded(code, offset) is expected, (line, lines[line - 1])
+
+
+POOLS = textwrap.dedent(
+    """\
+    import multiprocessing, os, hwlaunch, helper
+
+    class NoTorch:
+        def init_device(self):
+            self.device = None
+
+    def square(x):
+        return x * x
+
+    def pool(worker, method, fn):
+        try:
+            with multiprocessing.get_context(method).Pool(1) as workers:
+                return workers.map_async(fn, [worker.rank + 2]).get(timeout=60)
+        except Exception as exc:
+            return f"{type(exc).__name__}: {exc}"
+
+    def pool_of_helper(worker, method):
+        return pool(worker, method, helper.square)
+
+    def pool_of_main(worker, method):
+        return pool(worker, method, square)
+
+    for start in ("fork", "spawn", "forkserver"):
+        with hwlaunch.launch(
+            backend="cpu", world_size=2, init_distributed=False, worker_extension=NoTorch,
+            start_method=start,
+        ) as executor:
+            for method in ("spawn", "forkserver"):
+                for call in (pool_of_helper, pool_of_main):
+                    value = executor.collective_rpc(call, args=(method,))
+                    print("POOL", start, method, call.__name__, value, flush=True)
+    """
+)
+
+
+def test_workers_of_code_from_stdin_start_their_own_spawn_pools(tmp_path: Path) -> None:
+    """A worker's spawn or forkserver Pool cannot re-run stdin either: a module's function
+    works, a function of ``__main__`` fails at once naming it (never a Pool that waits)."""
+    (tmp_path / "helper.py").write_text("def square(x):\n    return x * x\n")
+    done = subprocess.run(
+        [sys.executable, "-"],
+        cwd=tmp_path,
+        input=POOLS,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "HWLAUNCH_STARTUP_TIMEOUT": "60"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [ln.split(" ", 4)[1:] for ln in done.stdout.splitlines() if ln.startswith("POOL ")]
+    assert len(lines) == 12, done.stdout
+    for start, method, call, value in lines:
+        if call == "pool_of_helper":
+            assert value == "[[4], [9]]", (start, method, value)
+        else:
+            assert value.count("MissingMainGuardError: square is defined in __main__") == 2, value
+            assert "__main__ is code read from stdin, which the child cannot re-run" in value

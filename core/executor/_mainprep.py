@@ -63,7 +63,7 @@ def _withholding_for(caller: types.FrameType) -> bool:
     return name is not None and _preparing(caller) and caller.f_locals.get("name") == name
 
 
-def _check_child(caller: types.FrameType, where: str) -> None:
+def _check_child(caller: types.FrameType, reason: tuple[str, str]) -> None:
     """The child being started re-runs nothing of ``__main__``: refuse it if it needs a
     function or class from there, and check a Pool's tasks as they are sent.
 
@@ -78,13 +78,13 @@ def _check_child(caller: types.FrameType, where: str) -> None:
     args, kwargs = getattr(process, "_args", ()), getattr(process, "_kwargs", {})
     needed = main_reference((target, args, kwargs))
     if needed is not None:
-        raise MissingMainGuardError(_needs_main(needed, where))
+        raise MissingMainGuardError(_needs_main(needed, reason))
     pool_worker = (getattr(target, "__module__", None), getattr(target, "__name__", None))
     if pool_worker == ("multiprocessing.pool", "worker") and args:
-        _check_tasks(args[0], where)
+        _check_tasks(args[0], reason)
 
 
-def _check_tasks(inqueue: Any, where: str) -> None:
+def _check_tasks(inqueue: Any, reason: tuple[str, str]) -> None:
     """Make the Pool's task pipe refuse a task that refers to ``__main__``.
 
     The Pool's task thread catches the error and fails that task's result with it (``map``
@@ -98,21 +98,19 @@ def _check_tasks(inqueue: Any, where: str) -> None:
     def send_checked(buf: Any) -> None:
         needed = main_global_in(bytes(buf))
         if needed is not None:
-            raise MissingMainGuardError(_needs_main(needed, where))
+            raise MissingMainGuardError(_needs_main(needed, reason))
         send_bytes(buf)
 
     writer._send_bytes = send_checked
     writer._hwlaunch_checked = True
 
 
-def _needs_main(name: str, where: str) -> str:
+def _needs_main(name: str, reason: tuple[str, str]) -> str:
+    why, fix = reason
     return (
         f"{name} is defined in __main__, which a spawn or forkserver child started here does "
-        f"not have: the child must not re-run __main__, which reaches {where} outside "
-        '`if __name__ == "__main__":` and would launch the workers again. Fix: move '
-        f"{name} into a module the child can import, put the launch under "
-        '`if __name__ == "__main__":`, or start this child with '
-        "multiprocessing.get_context('fork')"
+        f"not have: {why}. Fix: move {name} into a module the child can import{fix}, or start "
+        "this child with multiprocessing.get_context('fork')"
     )
 
 
@@ -216,7 +214,8 @@ def reimport_main(entry: tuple[str, str]) -> None:
     """
     key, value = entry
     if key == "init_main_from_path" and os.path.basename(value) == STDIN:
-        return  # code read from stdin cannot be re-run; its callables came by value
+        refuse_stdin_reimport()  # this worker's own children cannot re-run it either
+        return  # the extension and the callables come by value
     process: Any = multiprocessing.process.current_process()
     process._inheriting = True
     try:
@@ -232,9 +231,23 @@ def refuse_reimport(where: str) -> None:
     """From now on, spawn/forkserver children started in this process re-run no ``__main__``
     (it reaches the launch at ``where``); one that needs a function or class of ``__main__``
     is refused, naming it (see :func:`_check_child`)."""
+    _refuse(
+        f"the child must not re-run __main__, which reaches {where} outside "
+        '`if __name__ == "__main__":` and would launch the workers again',
+        ', put the launch under `if __name__ == "__main__":`',
+    )
+
+
+def refuse_stdin_reimport() -> None:
+    """As :func:`refuse_reimport`, for a program read from stdin, which no child can re-run:
+    CPython's child would die trying to run ``<cwd>/<stdin>`` (a Pool then waits for ever)."""
+    _refuse("__main__ is code read from stdin, which the child cannot re-run", "")
+
+
+def _refuse(why: str, fix: str) -> None:
     main = sys.modules.get("__main__")
     if main is None or type(main) not in (types.ModuleType, _RefusingMain):
         return  # a custom module class (IPython's): leave it alone
-    main.__dict__[_REASON] = where
+    main.__dict__[_REASON] = (why, fix)
     with _hook_lock:
         main.__class__ = _RefusingMain
