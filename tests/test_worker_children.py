@@ -139,3 +139,26 @@ def test_a_forked_worker_keeps_fork_as_its_default(cases: dict[str, object]) -> 
     assert isinstance(results, dict)
     assert results["pool of a __main__ function"] == [[4], [9]]
     assert results["process of a __main__ function"] == [0, 0]
+
+
+def test_task_bytes_name_the_main_global_they_refer_to() -> None:
+    """A Pool task's pickle, in every protocol, memoized or not, names its ``__main__`` global;
+    the strings "__main__" and a name as plain data do not count."""
+    import operator
+    import pickle
+
+    from hwlaunch.executor._main_refs import main_global_in
+
+    def local(x: int) -> int:
+        return x
+
+    local.__module__, local.__qualname__ = "__main__", "square"
+    sys.modules["__main__"].square = local  # type: ignore[attr-defined]
+    try:
+        for protocol in range(2, pickle.HIGHEST_PROTOCOL + 1):
+            twice = pickle.dumps((0, 1, local, (local, 2), {}), protocol)
+            assert main_global_in(twice) == "square", protocol
+            assert main_global_in(pickle.dumps((operator.neg, [1]), protocol)) is None
+            assert main_global_in(pickle.dumps(("__main__", "square"), protocol)) is None
+    finally:
+        del sys.modules["__main__"].square  # type: ignore[attr-defined]
