@@ -37,10 +37,12 @@ class MainGuard:
 
     ``guarded``: the child re-runs the main module, and the running line (and every earlier
     launch of this process) is inside a main guard. ``unguarded``: the re-run reaches a launch
-    (``file:line``). ``no-main-file``: the child re-runs nothing. ``not-reimportable``: the
-    child would try to re-run a main it cannot read (code from stdin). ``reimporting``: this
+    (``file:line``). ``no-main-file``: the child re-runs nothing (also code read from stdin,
+    which hwlaunch's workers do not re-run). ``not-reimportable``: the child would try to
+    re-run a main it cannot read (a ``__file__`` that does not exist). ``reimporting``: this
     process *is* such a child, re-running ``__main__``. ``unknown``: the re-run cannot be
-    analysed (a ``.pyc`` without source, a loader without source).
+    analysed (a loader without source). A ``.pyc`` without its source is read from its
+    bytecode.
     """
 
     status: MainGuardStatus
