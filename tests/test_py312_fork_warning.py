@@ -39,12 +39,14 @@ PROGRAM = textwrap.dedent(
         first = launch(start_method="fork")  # its monitor thread stays alive
         slow = first.collective_rpc(lambda worker: time.sleep(1), non_block=True)  # and hwlaunch-rpc
         stop = threading.Event()
-        if case == "program-thread":
+        if case in ("program-thread", "default-plan"):
             threading.Thread(target=stop.wait, name="the-program's").start()
+        method = {} if case == "default-plan" else {"start_method": "fork"}
         threads = sorted(t.name for t in threading.enumerate())
         print("THREADS", *threads, file=sys.stderr, flush=True)
         print("FORKING", file=sys.stderr, flush=True)  # the warnings of interest come after this
-        with launch(start_method="fork") as second:
+        with launch(**method) as second:
+            print("METHOD", second.plan.start_method, file=sys.stderr, flush=True)
             print("RESULT", second.collective_rpc(lambda worker: worker.rank), flush=True)
         stop.set()
         slow.result()
@@ -84,3 +86,11 @@ def test_fork_beside_a_program_thread_shows_the_warning(tmp_path: Path) -> None:
     threads, after = run_case(tmp_path, "program-thread")
     assert "the-program's" in threads, threads
     assert WARNING in after, after
+
+
+def test_the_default_plan_beside_a_program_thread_never_forks(tmp_path: Path) -> None:
+    """hwlaunch's own choice beside a thread of the program is the fork server: no warning."""
+    threads, after = run_case(tmp_path, "default-plan")
+    assert "the-program's" in threads, threads
+    assert "METHOD forkserver" in after, after
+    assert WARNING not in after, after
