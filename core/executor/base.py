@@ -16,6 +16,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ from hwlaunch.errors import (
 )
 from hwlaunch.executor._arguments import check_call, check_timeout
 from hwlaunch.executor._background import BackgroundCalls
+from hwlaunch.executor._picklecheck import check_picklable
 from hwlaunch.executor._runtime import (
     Failure,
     Request,
@@ -53,6 +55,10 @@ __all__ = [
 StatusCallback = Callable[[int, str], None]
 K = TypeVar("K", bound=Hashable)
 HEALTH_TIMEOUT = 30.0  # seconds check_health() waits for every worker's ping
+
+
+# A plan from resolve() is plain data; one built or changed by hand may hold anything.
+_PLAN_FIX = "give the plan plain values (str, int, tuples): a plan from resolve() always pickles"
 
 
 class Executor(ABC):
@@ -86,6 +92,9 @@ class Executor(ABC):
         self._closed_because: str | None = None
         self._died: WorkerDiedError | None = None
         extension = encode_extension(worker_extension)
+        if plan.start_method in ("spawn", "forkserver"):
+            why = f"{plan.start_method} pickles the plan for each worker"
+            check_picklable(plan, "plan", ForkingPickler.dumps, why, _PLAN_FIX)
         try:
             self._start_ranks(extension, init_distributed)
         except BaseException:
