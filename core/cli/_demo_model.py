@@ -7,6 +7,7 @@ tokenizer, so that the main job needs no download and every process builds the s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SEED = 0
@@ -60,14 +61,28 @@ def build_builtin() -> Any:
     return transformers.LlamaForCausalLM(builtin_config())
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
 def load_tokenizer(path: str) -> Any | None:
-    """The directory's tokenizer, or None where it has none (its tokens are then shown as ids)."""
+    """The directory's tokenizer, or None where it has none (bytes are then its token ids, shown
+    as ids). Why look for the files first: given a directory without them, transformers 5 builds
+    an empty tokenizer of the model's type, which encodes every prompt to no tokens at all."""
     import transformers
 
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        return None
     try:
         return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError):
         return None
+
+
+def quiet_progress_bars() -> None:
+    """No "Loading weights" bar: one per rank, interleaved, would garble stderr."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
 
 def load(path: str | None, device: Any = "cpu") -> LoadedModel:
@@ -75,7 +90,7 @@ def load(path: str | None, device: Any = "cpu") -> LoadedModel:
     import torch
     import transformers
 
-    transformers.utils.logging.disable_progress_bar()  # one bar per rank would garble stderr
+    quiet_progress_bars()
     torch.manual_seed(SEED)
     if path is None:
         loaded = LoadedModel(model=build_builtin(), tokenizer=None, name=BUILTIN_NAME)

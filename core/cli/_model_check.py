@@ -57,7 +57,7 @@ def check_model(path: str | None) -> ModelFacts:
             f"--model {path}: {config_file} is missing, so this is not a transformers model "
             "directory. Fix: pass the directory that save_pretrained wrote (it holds config.json)"
         )
-    config = _read_config(config_file)
+    config = _read_config(path, config_file)
     model_type = config.get("model_type")
     known = causal_lm_model_types()
     if not isinstance(model_type, str) or (known is not None and model_type not in known):
@@ -67,19 +67,24 @@ def check_model(path: str | None) -> ModelFacts:
             "example a Llama, GPT-2 or Qwen model), or upgrade transformers"
         )
     heads = _positive_int(config, HEAD_KEYS, 1)
-    return ModelFacts(path, model_type, heads, _positive_int(config, ("num_key_value_heads",), heads))
+    return ModelFacts(
+        path, model_type, heads, _positive_int(config, ("num_key_value_heads",), heads)
+    )
 
 
-def _read_config(config_file: Path) -> dict[str, Any]:
+def _read_config(path: str, config_file: Path) -> dict[str, Any]:
     try:
         config = json.loads(config_file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigError(
-            f"--model: {config_file} is not readable JSON ({exc}). Fix: rewrite it with "
-            "save_pretrained"
+            f"--model {path}: {config_file} is not readable JSON ({exc}). Fix: rewrite it "
+            "with save_pretrained"
         ) from None
     if not isinstance(config, dict):
-        raise ConfigError(f"--model: {config_file} holds no JSON object. Fix: rewrite it")
+        raise ConfigError(
+            f"--model {path}: {config_file} holds no JSON object. Fix: rewrite it with "
+            "save_pretrained"
+        )
     return config
 
 

@@ -14,7 +14,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hwlaunch.cli._demo_model import BUILTIN_NAME, LoadedModel, build_builtin, load_tokenizer
+from hwlaunch.cli._demo_model import (
+    BUILTIN_NAME,
+    LoadedModel,
+    build_builtin,
+    load_tokenizer,
+    quiet_progress_bars,
+)
 
 
 def has_tensor_parallel_plan(path: str | None) -> bool:
@@ -34,10 +40,11 @@ def load_sharded(path: str | None, world_size: int, device_index: int) -> Loaded
     and hands them to ``from_pretrained`` as a state dict, which keeps only this rank's shard.
     """
     import transformers
-    from transformers.distributed import DistributedConfig
+    from transformers.distributed.configuration_utils import DistributedConfig
 
-    transformers.utils.logging.disable_progress_bar()  # one bar per rank would garble stderr
+    quiet_progress_bars()
     distributed = DistributedConfig(tp_plan="auto", tp_size=world_size)
+    model: Any
     with _local_rank(device_index):
         if path is None:
             whole = build_builtin()
