@@ -112,7 +112,7 @@ def test_parallel_tensor_that_cannot_shard_is_a_user_error(tmp_path: Path) -> No
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         "hwlaunch: error: --parallel tensor: built-in tiny llama (seed 0) has 4 attention heads, "
-        "which do not divide by 3 workers. Fix: use a world size that divides the heads, or "
+        "which do not divide by 3 workers. Fix: use a world size that divides them (2, 4), or "
         "--parallel data"
     ]
 
@@ -154,3 +154,19 @@ def test_bad_model_exits_2_before_any_worker_starts(make: Any, says: str, tmp_pa
     error = json.loads(as_json.stdout)["error"]
     assert (error["type"], error["exit_code"]) == ("ConfigError", 2)
     assert error["message"] == lines[0].removeprefix("hwlaunch: error: ")
+
+
+def test_key_value_heads_that_do_not_divide_mean_data_parallel() -> None:
+    from hwlaunch.cli._model_check import ModelFacts, choose_parallelism
+    from hwlaunch.errors import ConfigError
+
+    grouped = ModelFacts("m", "llama", attention_heads=8, key_value_heads=1)
+    chosen = choose_parallelism(None, grouped, 2)
+    assert (chosen.mode, chosen.note) == (
+        "data",
+        "data parallel: m has 1 key/value heads, which do not divide by 2 workers",
+    )
+    with pytest.raises(ConfigError, match=r"Fix: its heads cannot be split, or --parallel data"):
+        choose_parallelism("tensor", grouped, 2)
+    assert choose_parallelism(None, ModelFacts("m", "llama", 8, 2), 2).mode == "tensor"
+    assert choose_parallelism("data", ModelFacts("m", "llama", 8, 2), 2).mode == "data"

@@ -128,24 +128,28 @@ def choose_parallelism(requested: str | None, facts: ModelFacts, world_size: int
     the reason; ``--parallel tensor`` that cannot shard is an error with the fix."""
     if requested == "data":
         return Parallelism("data", None)
-    reason = _cannot_shard(facts, world_size)
-    if reason is None:
+    cannot = _cannot_shard(facts, world_size)
+    if cannot is None:
         return Parallelism("tensor", None)
+    reason, fix = cannot
     if requested == "tensor":
-        raise ConfigError(
-            f"--parallel tensor: {reason}. Fix: use a world size that divides the heads, or "
-            "--parallel data"
-        )
+        raise ConfigError(f"--parallel tensor: {reason}. Fix: {fix}, or --parallel data")
     return Parallelism("data", f"data parallel: {reason}")
 
 
-def _cannot_shard(facts: ModelFacts, world_size: int) -> str | None:
+def _cannot_shard(facts: ModelFacts, world_size: int) -> tuple[str, str] | None:
+    """Why the model cannot be sharded over ``world_size`` workers, and the fix; None if it can."""
     if world_size == 1:
-        return "one worker, nothing to shard"
+        return "one worker, nothing to shard", "use -n 2 or more"
     for what, heads in (
         ("attention heads", facts.attention_heads),
         ("key/value heads", facts.key_value_heads),
     ):
         if heads % world_size:
-            return f"{facts.name} has {heads} {what}, which do not divide by {world_size} workers"
+            divisors = [n for n in range(2, heads + 1) if heads % n == 0]
+            fix = f"use a world size that divides them ({', '.join(map(str, divisors))})"
+            return (
+                f"{facts.name} has {heads} {what}, which do not divide by {world_size} workers",
+                fix if divisors else "its heads cannot be split",
+            )
     return None
