@@ -184,10 +184,10 @@ def ready_hwlaunch(
             pids = [pid for pid in executor.pids if pid is not None]
             result["pss"] = {"workers_kib": sum(pss_kib(pid) for pid in pids), "server_kib": 0}
             if start_method == "forkserver":
-                from multiprocessing import forkserver
+                from hwlaunch.executor.mp._forkserver import running_servers
 
-                server = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
-                result["pss"]["server_kib"] = pss_kib(server)
+                (server,) = running_servers()
+                result["pss"]["server_kib"] = pss_kib(server._forkserver_pid)  # type: ignore[attr-defined]
         start = time.perf_counter()
         executor.shutdown()
         result["shutdown"].append(time.perf_counter() - start)

@@ -141,6 +141,11 @@ def worker_main(
     for fd in inherited_fds:  # under fork: the parent's ends of the pipes must not stay open here
         with contextlib.suppress(OSError):
             os.close(fd)
+    # First, on the only thread: what the program's imports read (OMP_NUM_THREADS when torch
+    # is imported) must be there before __main__ is re-imported below.
+    if replace_environ:  # the parent's whole environment, as it was at launch
+        os.environ.clear()
+    os.environ.update(env)
     _install_liveness(death_r, pdeathsig, parent_pid)
     if main is not None:
         _reimport_or_fail(main, conn, plan.start_method)
@@ -154,9 +159,6 @@ def worker_main(
         # This worker's __main__ is the parent's: its own spawned children would re-run the
         # launch. (Under spawn/forkserver the resolver made sure the main is safe.)
         refuse_reimport(guard.where() or guard.file)
-    if replace_environ:  # the parent's whole environment, as it was at launch
-        os.environ.clear()
-    os.environ.update(env)
     try:
         worker = start_worker(
             plan,
