@@ -102,7 +102,9 @@ def _share(adopts_launcher: bool, sizes: tuple[int, int], facts: RuntimeFacts) -
     where = (
         "" if nodes <= 1 or adopts_launcher else " per node, each node taken to be like this one"
     )
-    fact = f"fact: {cpus} CPUs{facts.mark('usable_cpus')} / {workers}{where}"
+    fact = (
+        f"fact: {cpus} CPU{'s' if cpus != 1 else ''}{facts.mark('usable_cpus')} / {workers}{where}"
+    )
     return max(1, cpus // max(local, 1)), fact
 
 
