@@ -60,8 +60,8 @@ def test_each_worker_gets_its_share_of_the_usable_cpus(cpus: int, world: int, sh
     plan = cpu_plan(cpus, world)
     assert threads(plan) == (share, str(share), str(share))
     decision = plan.decision("cpu_threads")
-    workers = f"{world} workers"
-    assert decision.source == f"fact: {cpus} CPUs (assumed) / {workers}"
+    cpu_count = f"{cpus} CPU{'s' if cpus > 1 else ''}"
+    assert decision.source == f"fact: {cpu_count} (assumed) / {world} workers"
     assert "its affinity" in decision.reason
     assert "OMP_NUM_THREADS, MKL_NUM_THREADS and torch.set_num_threads" in decision.reason
     assert plan.decision("env").source == "cpu_threads"
@@ -254,3 +254,21 @@ def test_the_cli_flag(no_thread_env: Path) -> None:
     assert bad.returncode == 2
     assert "invalid cpu_threads '0' from --cpu-threads" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_a_plugins_thread_variable_gives_way_to_the_budget() -> None:
+    """A plugin's env proposal may not override OMP_NUM_THREADS behind the budget's back (the
+    workers would then run one count in the variable and another in torch)."""
+    from hwlaunch.planning.policy import Proposal, apply_proposals
+    from hwlaunch.planning.registry import default_registry
+    from hwlaunch.planning.settings import Overrides
+
+    plan = cpu_plan(8)
+    proposal = Proposal("site", "env", {"OMP_NUM_THREADS": "16", "SITE": "on"}, "site defaults")
+    spec = default_registry().specs["cpu"]
+    adjusted, dropped = apply_proposals(plan, spec, Overrides(), [proposal])
+    assert threads(adjusted) == (4, "4", "4") and adjusted.env["SITE"] == "on"
+    assert dropped == [
+        "plugin site: proposal env={'OMP_NUM_THREADS': '16'} dropped: OMP_NUM_THREADS is the "
+        "thread budget's (set cpu_threads instead)"
+    ]
