@@ -46,8 +46,9 @@ def report(worker):
     main = sys.modules.get("__mp_main__") or sys.modules["__main__"]
     return {
         "torch_threads": torch.get_num_threads(),
-        "torch_threads_at_import": main.TORCH_THREADS_AT_IMPORT,
-        "seen_at_import": main.probe_at_import.SEEN_AT_IMPORT,
+        # a Ray actor's __main__ is Ray's, not the program
+        "torch_threads_at_import": getattr(main, "TORCH_THREADS_AT_IMPORT", None),
+        "seen_at_import": getattr(main, "probe_at_import", main).__dict__.get("SEEN_AT_IMPORT"),
         "env": {k: os.environ.get(k) for k in
                 ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "HWPROBE_AT_IMPORT")},
         "parent": os.getppid(),
@@ -174,3 +175,69 @@ def test_what_the_spawn_child_imports_before_the_env_reads_no_thread_variable() 
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_under_torchrun_each_rank_runs_its_share_not_torchruns_one(tmp_path: Path) -> None:
+    """torchrun sets OMP_NUM_THREADS=1 for its 2 ranks; each rank's worker runs the share of
+    the CPUs instead (4 assumed CPUs / torchrun's 2 local ranks = 2), shown in the plan."""
+    (tmp_path / "rank.py").write_text(
+        textwrap.dedent(
+            """
+            import json, os
+            import torch
+            import hwlaunch
+
+            before = torch.get_num_threads()
+            with hwlaunch.launch(assume={"usable_cpus": 4}, init_distributed=False) as ex:
+                threads = ex.collective_rpc(lambda w: __import__("torch").get_num_threads())
+                decision = ex.plan.decision("cpu_threads")
+                print(json.dumps({"omp": os.environ.get("OMP_NUM_THREADS"), "before": before,
+                                  "threads": threads, "source": decision.source}))
+            """
+        )
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HWLAUNCH_", "SLURM_")) and k not in ("OMP_NUM_THREADS",)
+    }
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", "rank.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert proc.returncode == 0, proc.stderr
+    ranks = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(ranks) == 2
+    for rank in ranks:
+        assert (rank["omp"], rank["before"]) == ("1", 1)  # torchrun's default, as it set it
+        assert rank["threads"] == [2]
+        assert rank["source"] == "fact: 4 CPUs (assumed) / 2 workers"
+
+
+def test_ray_actors_get_the_budget_and_the_env(tmp_path: Path) -> None:
+    """Ray actors start from their node's environment (Ray sets OMP_NUM_THREADS to an actor's
+    CPUs when nobody did): the budget travels in the runtime environment, and torch runs it."""
+    seen = run_program(
+        tmp_path,
+        """
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        with hwlaunch.launch(
+            backend="cpu", world_size=2, executor="ray", init_distributed=False,
+            assume={"usable_cpus": 6},
+        ) as ex:
+            print(json.dumps({"ranks": ex.collective_rpc(report)}))
+        """,
+        config='env = { HWPROBE_AT_IMPORT = "from the plan" }\n',
+    )
+    for rank in seen["ranks"]:
+        assert rank["torch_threads"] == 3
+        assert rank["env"] == {
+            "OMP_NUM_THREADS": "3",
+            "MKL_NUM_THREADS": "3",
+            "HWPROBE_AT_IMPORT": "from the plan",
+        }
