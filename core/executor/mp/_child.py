@@ -135,14 +135,13 @@ def worker_main(
     """Start the worker, report ready (or the start-up failure), then serve RPCs until told.
 
     ``main``: the ``__main__`` that spawn's ``prepare()`` was kept from re-importing (see
-    ``hwlaunch.executor._mainprep``); re-imported here, before anything else, so that a failure
-    comes back to the parent with its traceback.
+    ``hwlaunch.executor._mainprep``); re-imported here, before any other import, so that a failure
+    comes back to the parent with its traceback. The plan's env is set before that, on the only
+    thread: what the program's imports read (OMP_NUM_THREADS when torch is imported) is there.
     """
     for fd in inherited_fds:  # under fork: the parent's ends of the pipes must not stay open here
         with contextlib.suppress(OSError):
             os.close(fd)
-    # First, on the only thread: what the program's imports read (OMP_NUM_THREADS when torch
-    # is imported) must be there before __main__ is re-imported below.
     if replace_environ:  # the parent's whole environment, as it was at launch
         os.environ.clear()
     os.environ.update(env)
