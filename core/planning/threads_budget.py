@@ -62,16 +62,16 @@ def thread_budget(
     else:
         threads, source = share, fact
         reason = "each worker's share of the CPUs this process may use (its affinity)"
-    if adopts_launcher:
+    if threads is not None and adopts_launcher:
         reason += (
             "; applied with torch.set_num_threads when this rank's worker starts (the launcher "
             "set this process's environment before Python started)"
         )
-        notes.note("cpu_threads", threads, source, reason)
-        return threads, {}
-    if threads is not None:
+    elif threads is not None:
         reason += ": OMP_NUM_THREADS, MKL_NUM_THREADS and torch.set_num_threads in every worker"
     notes.note("cpu_threads", threads, source, reason)
+    if adopts_launcher:
+        return threads, {}
     return threads, _variables(requested, threads, env, notes.facts)
 
 
