@@ -111,8 +111,10 @@ def test_fork_server_socket_is_private() -> None:
     executor = launch("forkserver", init_distributed=False)
     with executor:
         executor.collective_rpc("ping", timeout=120)
-        (server,) = running_servers()
-        address = getattr(server, "_forkserver_address", None)
+        parent = psutil.Process(executor.pids[0]).ppid()
+        servers = [s for s in running_servers() if s._forkserver_pid == parent]  # type: ignore[attr-defined]
+        assert servers, "the workers' fork server is not one of hwlaunch's"
+        address = getattr(servers[0], "_forkserver_address", None)
         assert isinstance(address, str), "the fork server is not running"
         folder = os.stat(os.path.dirname(address))
         assert folder.st_uid == os.getuid()
