@@ -246,6 +246,10 @@ class RuntimeFacts:
     in_ray_actor: bool
     launcher: LauncherInfo = NO_LAUNCHER
     threads: ThreadFacts = NO_THREADS
+    # The CPUs this process may run on (its affinity), and OMP_NUM_THREADS / MKL_NUM_THREADS as
+    # the driver's environment sets them: the inputs of the CPU thread budget.
+    usable_cpus: int = 1
+    thread_env: Mapping[str, str] = field(default_factory=dict)
     assumed: frozenset[str] = field(default_factory=frozenset)
 
     def mark(self, key: str) -> str:
@@ -273,6 +277,8 @@ class RuntimeFacts:
             "in_ray_actor": self.in_ray_actor,
             "launcher": self.launcher.to_dict(),
             "threads": self.threads.to_dict(),
+            "usable_cpus": self.usable_cpus,
+            "thread_env": dict(self.thread_env),
             "assumed": sorted(self.assumed),
         }
 
@@ -321,6 +327,7 @@ class Plan:
     rpc_channel: str = DEFAULT_RPC_CHANNEL
     rpc_spin: float | None = None  # None: SPIN_WITH_FREE_CPUS if each worker has a CPU, else 0
     max_restarts: int = 0
+    cpu_threads: int | None = None  # torch.set_num_threads in each worker; None: left alone
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     facts: RuntimeFacts | None = None
@@ -356,6 +363,7 @@ class Plan:
             "rpc_channel": self.rpc_channel,
             "rpc_spin": self.rpc_spin,
             "max_restarts": self.max_restarts,
+            "cpu_threads": self.cpu_threads,
             "decisions": [d.to_dict() for d in self.decisions],
             "warnings": list(self.warnings),
             "facts": self.facts.to_dict() if self.facts is not None else None,
