@@ -54,15 +54,17 @@ class GenerationWorker:
 
     def load_model(self, path: str | None, parallelism: str) -> dict[str, Any]:
         """Load the model in ``parallelism`` mode ("tensor": this rank's shards; "data": a whole
-        copy) and say what this rank holds. A model transformers has no tensor-parallel plan for
-        is loaded whole, with the reason."""
+        copy) and say what this rank holds. A model transformers cannot shard here (no
+        tensor-parallel plan, or another device than this worker's) is loaded whole, with the
+        reason."""
         from hwlaunch.cli import _demo_model as demo_model
         from hwlaunch.cli import _tensor_parallel as tensor_parallel
 
         note = None
-        if parallelism == "tensor" and not tensor_parallel.has_tensor_parallel_plan(path):
-            parallelism = "data"
-            note = f"data parallel: transformers has no tensor-parallel plan for {path}"
+        if parallelism == "tensor":
+            reason = tensor_parallel.cannot_load_sharded(path, self.device)
+            if reason is not None:
+                parallelism, note = "data", f"data parallel: {reason}"
         if parallelism == "tensor":
             self._model = tensor_parallel.load_sharded(path, self.world_size, self.device_index)
         else:
@@ -198,15 +200,20 @@ def _all_gathered(worker: Any, fn: Callable[..., Any], args: tuple[Any, ...]) ->
     return gathered
 
 
-def reference_outputs(
-    executor: Any, plan: Plan, model: str | None, prompts: list[str], max_new_tokens: int
-) -> tuple[list[dict[str, Any]], float]:
-    """All prompts through one whole model in one process (this one on CPU, else rank 0 alone),
-    and the seconds its generation took."""
-    if plan.backend == "cpu":
-        from hwlaunch.cli import _demo_model as demo_model
+Reference = tuple[list[dict[str, Any]], float]  # the outputs and the seconds they took
 
-        return demo_model.timed_generate(demo_model.load(model), prompts, max_new_tokens)
+
+def reference_here(model: str | None, prompts: list[str], max_new_tokens: int) -> Reference:
+    """All prompts through one whole model in this process, on the CPU. It runs after the
+    workers are gone, so that its tokens/s is not measured against their CPU use."""
+    from hwlaunch.cli import _demo_model as demo_model
+
+    return demo_model.timed_generate(demo_model.load(model), prompts, max_new_tokens)
+
+
+def reference_on_rank0(executor: Any, prompts: list[str], max_new_tokens: int) -> Reference:
+    """All prompts through a whole copy on rank 0's device, alone: where the driver has no
+    device of the backend's."""
 
     def rank0_all(worker: Any, prompts: list[str], k: int) -> Any:
         return worker.generate_reference(prompts, k) if worker.rank == 0 else None
@@ -281,51 +288,74 @@ def run_job(
     timings: dict[str, float] = {}
     rank = this_rank(plan)  # under a launcher, every rank runs this; rank 0 reports
     progress = Progress(plan.world_size, progress_style)
-    starting, loading, generating, referring = _phase_texts(
-        plan, parallelism.mode, prompts, max_new_tokens
-    )
+    phases = _phase_texts(plan, parallelism.mode, prompts, max_new_tokens)
     started = time.perf_counter()
-    progress.phase(starting)
+    progress.phase(phases[0])
+    reference: Reference | None = None
     with (
         progress.shown(),
         launch(plan, worker_extension=GenerationWorker, on_status=progress) as executor,
     ):
         timings["time_to_ready_s"] = time.perf_counter() - started
-        timings["rpc_latency_ms_median"] = _ping_median_ms(executor)
-        t0 = time.perf_counter()
-        sums = every_rank(executor, lambda w: w.all_reduce_rank())
-        timings["allreduce_s"] = time.perf_counter() - t0
-        progress.phase(loading)
-        t0 = time.perf_counter()
-        loads = every_rank(executor, lambda w, p, m: w.load_model(p, m), (model, parallelism.mode))
-        timings["load_model_s"] = time.perf_counter() - t0
-        mode = loads[0]["parallelism"]
-        progress.phase(generating if mode == parallelism.mode else f"{generating}, data parallel")
-        t0 = time.perf_counter()
-        generated = generate_on(executor, mode, prompts, max_new_tokens)
-        timings["generate_s"] = time.perf_counter() - t0
-        progress.phase(referring)
-        # Rank 0 checks the tokens; the other ranks of an external job do their share only.
-        t0 = time.perf_counter()
-        reference = (
-            reference_outputs(executor, plan, model, prompts, max_new_tokens)
-            if rank == 0 or plan.backend != "cpu"
-            else None
-        )
-        timings["reference_s"] = time.perf_counter() - t0
+        ran = _in_workers(executor, model, parallelism.mode, prompts, max_new_tokens, progress)
+        timings.update(ran.timings)
+        if plan.backend != "cpu":
+            progress.phase(phases[3])
+            reference = reference_on_rank0(executor, prompts, max_new_tokens)
         nodes = [dataclasses.asdict(n) for n in getattr(executor, "nodes", [])] or None
+    # On the CPU, rank 0 checks the tokens; the other ranks of an external job are done.
+    if plan.backend == "cpu" and rank == 0:
+        progress.phase(phases[3])
+        reference = reference_here(model, prompts, max_new_tokens)
     timings["total_s"] = time.perf_counter() - started
     progress.phase(f"done in {timings['total_s']:.1f}s")
+    expected = plan.world_size * (plan.world_size - 1) // 2
     return {
         "rank": rank,
         "plan": plan.to_dict(),
-        **_model_report(loads, parallelism.note),
-        "allreduce_ok": all(s == plan.world_size * (plan.world_size - 1) // 2 for s in sums),
-        "allreduce": {"expected": plan.world_size * (plan.world_size - 1) // 2, "got": sums},
-        **_token_report(generated, reference, timings["generate_s"], mode),
+        **_model_report(ran.loads, parallelism.note),
+        "allreduce_ok": all(s == expected for s in ran.sums),
+        "allreduce": {"expected": expected, "got": ran.sums},
+        **_token_report(ran.generated, reference, timings["generate_s"], ran.mode),
         "nodes": nodes,
         "timings": timings,
     }
+
+
+@dataclass
+class InWorkers:
+    """What the workers did: all-reduce sums, what each loaded, what they generated."""
+
+    sums: list[int]
+    loads: list[dict[str, Any]]
+    mode: str
+    generated: Generated
+    timings: dict[str, float]
+
+
+def _in_workers(
+    executor: Any,
+    model: str | None,
+    mode: str,
+    prompts: list[str],
+    max_new_tokens: int,
+    progress: Progress,
+) -> InWorkers:
+    _, loading, generating, _ = _phase_texts(executor.plan, mode, prompts, max_new_tokens)
+    timings = {"rpc_latency_ms_median": _ping_median_ms(executor)}
+    t0 = time.perf_counter()
+    sums = every_rank(executor, lambda w: w.all_reduce_rank())
+    timings["allreduce_s"] = time.perf_counter() - t0
+    progress.phase(loading)
+    t0 = time.perf_counter()
+    loads = every_rank(executor, lambda w, p, m: w.load_model(p, m), (model, mode))
+    timings["load_model_s"] = time.perf_counter() - t0
+    loaded_mode = loads[0]["parallelism"]
+    progress.phase(generating if loaded_mode == mode else f"{generating}, data parallel")
+    t0 = time.perf_counter()
+    generated = generate_on(executor, loaded_mode, prompts, max_new_tokens)
+    timings["generate_s"] = time.perf_counter() - t0
+    return InWorkers(sums, loads, loaded_mode, generated, timings)
 
 
 def _model_report(loads: list[dict[str, Any]], driver_note: str | None) -> dict[str, Any]:
@@ -344,7 +374,7 @@ def _model_report(loads: list[dict[str, Any]], driver_note: str | None) -> dict[
 
 def _token_report(
     generated: Generated,
-    reference: tuple[list[dict[str, Any]], float] | None,
+    reference: Reference | None,
     generate_s: float,
     mode: str,
 ) -> dict[str, Any]:

@@ -23,14 +23,30 @@ from hwlaunch.cli._demo_model import (
 )
 
 
-def has_tensor_parallel_plan(path: str | None) -> bool:
-    """Whether transformers knows how to shard this model (its config's ``base_model_tp_plan``)."""
+def cannot_load_sharded(path: str | None, device: Any) -> str | None:
+    """Why transformers cannot shard this model onto this worker's device; None if it can.
+
+    transformers builds its device mesh on torch's current accelerator, not on the device the
+    worker was given: where the two differ (``--backend cpu`` on a machine with a GPU), the
+    shards would land on the wrong device.
+    """
+    import torch
+
+    accelerator = torch.accelerator.current_accelerator()
+    mesh_type = "cpu" if accelerator is None else accelerator.type
+    if mesh_type != torch.device(device).type:
+        return (
+            f"transformers would place the shards on {mesh_type}, not on this worker's "
+            f"device {device}"
+        )
     if path is None:
-        return True  # a Llama: transformers ships its plan
+        return None  # a Llama: transformers ships its plan
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    return bool(getattr(config, "base_model_tp_plan", None))
+    if not getattr(config, "base_model_tp_plan", None):
+        return f"transformers has no tensor-parallel plan for {path}"
+    return None
 
 
 def load_sharded(path: str | None, world_size: int, device_index: int) -> LoadedModel:
