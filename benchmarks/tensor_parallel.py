@@ -4,14 +4,16 @@
 
 Two models, side by side in one run: the built-in tiny Llama (2 layers, hidden size 64) and a
 larger Llama built from a config (8 layers, hidden size 512, 8 heads, random weights saved to a
-temporary directory). For each, ``hwlaunch run --json`` runs twice in fresh processes:
-``--parallel tensor`` (every worker holds its shard; all generate every prompt together) and
-``--parallel data`` (a whole copy in each worker; the prompts split between them). Each run also
-times the same prompts through a whole model in the driver, alone: the single-process figure
-(the median of the two runs is shown). Tokens/s counts new tokens over ``generate`` alone,
-loading excluded. The CPU thread budget each worker ran with is read from the plan.
+temporary directory). For each, in fresh processes:
 
-Prints a markdown table.
+- ``hwlaunch run --json --parallel tensor``: every worker holds its shard, all generate every
+  prompt together; ``--parallel data``: a whole copy in each worker, the prompts split between
+  them. The workers run with the plan's CPU thread budget (read from the plan and shown).
+- one process alone with the whole model, at 1 thread and at every CPU's thread (the same
+  ``generate`` calls as ``hwlaunch run``'s single-process check, in a process of its own).
+
+Tokens/s counts new tokens over the first ``generate`` of the prompts, loading excluded, as
+``hwlaunch run`` reports them. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,6 +47,7 @@ def build_larger(directory: Path) -> None:
     import torch
     import transformers
 
+    transformers.utils.logging.disable_progress_bar()
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(transformers.LlamaConfig(**LARGER)).save_pretrained(directory)
 
@@ -62,6 +64,27 @@ def hwlaunch_run(model: str | None, mode: str, workers: int, tokens: int) -> dic
     return result
 
 
+SINGLE = """
+import sys, torch
+from hwlaunch.cli import _demo_model as demo_model
+from hwlaunch.cli._job import DEFAULT_PROMPTS
+torch.set_num_threads(int(sys.argv[1]))
+loaded = demo_model.load(sys.argv[3] if len(sys.argv) > 3 else None)
+outputs, seconds = demo_model.timed_generate(loaded, list(DEFAULT_PROMPTS), int(sys.argv[2]))
+print(sum(len(o["token_ids"]) for o in outputs) / seconds)
+"""
+
+
+def single_process(model: str | None, threads: int, tokens: int) -> float:
+    """Tokens/s of the whole model alone in a fresh process with ``threads`` threads."""
+    command = [sys.executable, "-c", SINGLE, str(threads), str(tokens), *([model] if model else [])]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200)
+    if proc.returncode != 0:
+        raise SystemExit(f"single process failed:\n{proc.stderr[-3000:]}")
+    return float(proc.stdout.split()[-1])
+
+
 def thread_budget(result: dict[str, Any]) -> str:
     """The plan's CPU threads per worker, where the plan has that setting."""
     for decision in result["plan"]["decisions"]:
@@ -70,17 +93,15 @@ def thread_budget(result: dict[str, Any]) -> str:
     return "torch's default"
 
 
-def row(name: str, tensor: dict[str, Any], data: dict[str, Any]) -> str:
-    single = statistics.median(
-        [tensor["tokens_per_s"]["single_process"], data["tokens_per_s"]["single_process"]]
-    )
+def row(name: str, tensor: dict[str, Any], data: dict[str, Any], alone: list[float]) -> str:
+    one, every = alone
     tp = tensor["tokens_per_s"]["tensor_parallel"]
     dp = data["tokens_per_s"]["data_parallel"]
     whole = tensor["params_single_process"]
     held = max(r["params"] for r in tensor["ranks"]) / whole
     return (
-        f"| {name} | {whole / 1e6:.2f} M | {held:.0%} | {single:.1f} | {tp:.1f} ({tp / single:.2f}x)"
-        f" | {dp:.1f} ({dp / single:.2f}x) | {thread_budget(tensor)} |"
+        f"| {name} | {whole / 1e6:.2f} M | {held:.0%} | {one:.1f} | {every:.1f} "
+        f"| {tp:.1f} ({tp / one:.2f}x) | {dp:.1f} ({dp / one:.2f}x) | {thread_budget(tensor)} |"
     )
 
 
@@ -89,16 +110,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     args = parser.parse_args()
-    print(
-        f"{os.cpu_count()} CPUs, {args.workers} workers, 4 prompts x {args.max_new_tokens} tokens"
-    )
+    cpus = os.cpu_count() or 1
+    print(f"{cpus} CPUs, {args.workers} workers, 4 prompts x {args.max_new_tokens} tokens")
     print()
     print(
-        "| model | parameters | held per TP rank | single process tok/s "
-        f"| tensor parallel x{args.workers} tok/s | data parallel x{args.workers} tok/s "
-        "| threads per worker |"
+        "| model | parameters | held per TP rank | one process, 1 thread, tok/s "
+        f"| one process, {cpus} threads | tensor parallel x{args.workers} (ratio to 1 thread) "
+        f"| data parallel x{args.workers} | threads per worker |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         larger = Path(tmp) / "llama-512x8"
         build_larger(larger)
@@ -107,7 +127,8 @@ def main() -> None:
                 hwlaunch_run(model, m, args.workers, args.max_new_tokens)
                 for m in ("tensor", "data")
             ]
-            print(row(name, *runs), flush=True)
+            alone = [single_process(model, n, args.max_new_tokens) for n in (1, cpus)]
+            print(row(name, *runs, alone), flush=True)
 
 
 if __name__ == "__main__":
