@@ -11,13 +11,13 @@ from hwlaunch.cli._job import (
     DEFAULT_PROMPTS,
     check,
     print_err,
-    progress_style,
     render,
     run_job,
     this_rank,
 )
 from hwlaunch.cli._model_check import check_model, choose_parallelism
 from hwlaunch.cli._options import setting_options
+from hwlaunch.cli._progress import progress_style
 from hwlaunch.planning import settings
 from hwlaunch.planning.settings import Sourced
 
