@@ -170,3 +170,35 @@ def test_key_value_heads_that_do_not_divide_mean_data_parallel() -> None:
         choose_parallelism("tensor", grouped, 2)
     assert choose_parallelism(None, ModelFacts("m", "llama", 8, 2), 2).mode == "tensor"
     assert choose_parallelism("data", ModelFacts("m", "llama", 8, 2), 2).mode == "data"
+
+
+@pytest.mark.parametrize(
+    ("absent", "flags", "says"),
+    [
+        (
+            "accelerate",
+            (),
+            "needs accelerate, which is not installed. Fix: pip install "
+            "'hwlaunch[run]', or --parallel data",
+        ),
+        (
+            "transformers",
+            ("--parallel", "data"),
+            "needs transformers, which is not installed. Fix: pip install 'hwlaunch[run]'",
+        ),
+    ],
+)
+def test_a_missing_package_is_named_before_any_worker_starts(
+    absent: str, flags: tuple[str, ...], says: str, tmp_path: Path
+) -> None:
+    # sys.modules[name] = None: importlib finds no such package, as where it is not installed.
+    main = f"import sys; sys.modules[{absent!r}] = None; from hwlaunch.cli import main; sys.exit(main())"
+    proc = subprocess.run(
+        [sys.executable, "-c", main, "run", *flags],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [f"hwlaunch: error: hwlaunch run {says}"]

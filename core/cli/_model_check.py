@@ -123,6 +123,20 @@ def causal_lm_model_types() -> frozenset[str] | None:
     return None
 
 
+def check_installed(mode: str) -> None:
+    """The packages the job imports in its workers, found (not imported) before they start:
+    transformers always, accelerate for tensor parallelism (transformers refuses a ``tp_plan``
+    without it)."""
+    needed = ("transformers", "accelerate") if mode == "tensor" else ("transformers",)
+    missing = [name for name in needed if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ConfigError(
+            f"hwlaunch run needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'}"
+            " not installed. Fix: pip install 'hwlaunch[run]'"
+            + (", or --parallel data" if missing == ["accelerate"] else "")
+        )
+
+
 def choose_parallelism(requested: str | None, facts: ModelFacts, world_size: int) -> Parallelism:
     """Tensor parallelism where the heads divide by the world size, else data parallelism with
     the reason; ``--parallel tensor`` that cannot shard is an error with the fix."""

@@ -15,7 +15,7 @@ from hwlaunch.cli._job import (
     run_job,
     this_rank,
 )
-from hwlaunch.cli._model_check import check_model, choose_parallelism
+from hwlaunch.cli._model_check import check_installed, check_model, choose_parallelism
 from hwlaunch.cli._options import setting_options
 from hwlaunch.cli._progress import progress_style
 from hwlaunch.planning import settings
@@ -58,6 +58,7 @@ def run(
     # The model is checked before any worker starts, without importing transformers (see
     # _model_check): a bad --model is one line and exit 2.
     parallelism = choose_parallelism(parallel, check_model(model), plan.world_size)
+    check_installed(parallelism.mode)
     reports = this_rank(plan) == 0  # under torchrun, srun or mpirun: rank 0 reports
     if not reports:
         pass
