@@ -361,12 +361,16 @@ def test_item8_json_user_error_is_a_json_object_and_exit_2(
 
 
 def test_item8_json_worker_error_is_a_json_object_and_exit_1(tmp_path: Path) -> None:
-    done = hwlaunch_cli(
-        "run", "--json", "--model", str(tmp_path / "no-such-model"), "--max-new-tokens", "1"
-    )
+    # A directory that passes the driver's checks (config.json of a Llama) but whose weights
+    # file is not one: the workers fail to load it.
+    model = tmp_path / "broken-weights"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama", "num_attention_heads": 2}')
+    (model / "model.safetensors").write_bytes(b"not a safetensors file")
+    done = hwlaunch_cli("run", "--json", "--model", str(model), "--max-new-tokens", "1")
     error = json_error(done, 1)
     assert error["type"] == "WorkerError"
-    assert "no-such-model" in error["message"]
+    assert error["message"].startswith("rank 0 raised ")
 
 
 # --- item 9: a worker extension path that cannot be imported -------------------------------------

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -503,6 +504,30 @@ class TestTwoNodes:
         assert (
             two_nodes.collective_rpc(lambda worker, data: len(data), args=(big,)) == [len(big)] * 2
         )
+
+
+@pytest.mark.timeout(300)
+def test_hwlaunch_run_shards_the_model_across_the_two_nodes(connected: Any, tmp_path: Path) -> None:
+    """The main job on the cluster: one rank per node, each holding its shard of the model, the
+    layers' collectives between the nodes inside ``generate``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
+    job = ["run", "--json", "-n", "2", "--nnodes", "2", "--ray-address", connected.address]
+    proc = subprocess.run(
+        [sys.executable, "-m", "hwlaunch.cli", *job, "--max-new-tokens", "3", "--prompt", "hi"],
+        cwd=tmp_path,
+        env={**env, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["plan"]["executor"] == "ray"
+    assert len({n["node_id"] for n in result["nodes"]}) == 2
+    assert result["parallelism"] == "tensor"
+    whole = result["params_single_process"]
+    assert all(r["params"] <= 0.75 * whole for r in result["ranks"])
+    assert result["ranks_agree"] is True and result["matches_single_process"] is True
 
 
 def test_actor_killed_between_rpcs_is_noticed_by_the_monitor(connected: Any) -> None:

@@ -82,7 +82,8 @@ def test_user_world_size_that_disagrees_with_torchrun_is_an_error(tmp_path: Path
 
 
 def test_hwlaunch_run_under_torchrun(tmp_path: Path) -> None:
-    """Each rank generates its share; rank 0 alone reports, with the all-reduce and token check."""
+    """The model sharded across the launcher's ranks; rank 0 alone reports, with the
+    all-reduce, the sharding and the token check."""
     proc = torchrun("-m", "hwlaunch.cli", "run", "--json", "--max-new-tokens", "3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)  # one JSON object: rank 1 prints nothing
@@ -92,8 +93,11 @@ def test_hwlaunch_run_under_torchrun(tmp_path: Path) -> None:
     assert decision(plan, "world_size")["source"] == "env: WORLD_SIZE (torchrun)"
     assert result["allreduce_ok"] is True
     assert result["allreduce"]["got"] == [1, 1]  # gathered from both ranks
-    assert [o["rank"] for o in result["outputs"]] == [0, 1, 0, 1]
-    assert result["matches_single_process"] is True
+    assert result["parallelism"] == "tensor"
+    whole = result["params_single_process"]
+    assert [r["rank"] for r in result["ranks"]] == [0, 1]
+    assert all(r["params"] <= 0.75 * whole for r in result["ranks"])
+    assert result["ranks_agree"] is True and result["matches_single_process"] is True
 
 
 def test_hwlaunch_console_script_under_torchrun(tmp_path: Path) -> None:

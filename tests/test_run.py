@@ -47,8 +47,10 @@ def test_run_each_start_method(method: str, tmp_path: Path) -> None:
     assert result["allreduce_ok"] is True
     assert result["allreduce"]["got"] == [1, 1]
     assert result["matches_single_process"] is True
-    assert [o["rank"] for o in result["outputs"]] == [0, 1, 0, 1]
-    assert all(len(o["token_ids"]) == 4 for o in result["outputs"])
+    # By default the built-in model (4 heads) is sharded over the two ranks, which generate
+    # every prompt together.
+    assert result["parallelism"] == "tensor" and result["ranks_agree"] is True
+    assert all(len(o["token_ids"]) == 4 and "rank" not in o for o in result["outputs"])
     assert set(result["timings"]) >= {"time_to_ready_s", "rpc_latency_ms_median", "generate_s"}
 
 
@@ -68,6 +70,8 @@ def test_run_uni_executor_and_custom_prompts(tmp_path: Path) -> None:
     )
     assert result["plan"]["executor"] == "uni"
     assert result["allreduce"]["got"] == [0]
+    assert result["parallelism"] == "data"  # one worker: nothing to shard
+    assert result["parallelism_note"] == "data parallel: one worker, nothing to shard"
     assert [o["prompt"] for o in result["outputs"]] == ["a", "bc", "def"]
     assert result["matches_single_process"] is True
 
@@ -87,6 +91,11 @@ def test_run_world_size_from_env_beats_the_run_default(tmp_path: Path) -> None:
     result = json.loads(proc.stdout)
     assert result["plan"]["world_size"] == 3
     assert result["allreduce"]["got"] == [3, 3, 3]
+    # 4 heads do not divide by 3 workers: data parallel, and the note says why.
+    assert result["parallelism"] == "data"
+    assert "has 4 attention heads, which do not divide by 3 workers" in result["parallelism_note"]
+    assert "note: data parallel: " in proc.stderr
+    assert [r["params"] for r in result["ranks"]] == [result["params_single_process"]] * 3
 
 
 def test_run_with_a_local_model_directory_and_tokenizer(tmp_path: Path) -> None:
@@ -96,7 +105,8 @@ def test_run_with_a_local_model_directory_and_tokenizer(tmp_path: Path) -> None:
         "--model", str(model_dir), "--prompt", "hello world", "--prompt", "the cat", cwd=tmp_path
     )
     assert result["model"] == str(model_dir)
-    assert result["matches_single_process"] is True
+    assert result["parallelism"] == "tensor"  # 2 heads over 2 ranks
+    assert result["matches_single_process"] is True and result["ranks_agree"] is True
     assert all(isinstance(o["text"], str) for o in result["outputs"])
 
 
@@ -104,7 +114,10 @@ def test_run_human_output(tmp_path: Path) -> None:
     proc = hwlaunch("run", "--max-new-tokens", "2", "--prompt", "hi", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "tokens match a single-process run: yes" in proc.stdout
+    assert "every rank generated the same tokens: yes" in proc.stdout
     assert "all-reduce of rank ids: [1, 1]" in proc.stdout
+    assert "parallelism: tensor; whole model 115,520 parameters; rank 0 holds" in proc.stdout
+    assert "tokens/s: tensor parallel " in proc.stdout
     assert "start_method" in proc.stdout  # the plan with its reasons comes first
 
 
@@ -113,14 +126,6 @@ def test_run_bad_flag_is_a_user_error(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "did you mean 'spawn'" in proc.stderr
     assert "Traceback" not in proc.stderr
-
-
-def test_run_missing_model_directory_fails_cleanly(tmp_path: Path) -> None:
-    proc = hwlaunch(
-        "run", "--model", str(tmp_path / "absent"), "--max-new-tokens", "2", cwd=tmp_path
-    )
-    assert proc.returncode == 1
-    assert "absent" in proc.stderr
 
 
 MAKE_MODEL = r"""

@@ -7,10 +7,12 @@ tokenizer, so that the main job needs no download and every process builds the s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SEED = 0
 BYTE_VOCAB = 256
+BUILTIN_NAME = "built-in tiny llama (seed 0)"
 
 
 @dataclass
@@ -30,35 +32,71 @@ class LoadedModel:
         return None  # a random byte model produces no meaningful text: report token ids
 
 
-def load(path: str | None, device: Any = "cpu") -> LoadedModel:
-    """Load ``path`` offline (local_files_only), or build the fixed tiny model."""
+def builtin_config() -> Any:
+    """The built-in model's config: 4 attention heads (and 4 key/value heads), so that its
+    tensor-parallel plan shards over 1, 2 or 4 workers."""
+    import transformers
+
+    return transformers.LlamaConfig(
+        vocab_size=BYTE_VOCAB + 4,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=512,
+        bos_token_id=BYTE_VOCAB,
+        eos_token_id=BYTE_VOCAB + 1,
+        pad_token_id=BYTE_VOCAB + 2,
+        tie_word_embeddings=False,
+    )
+
+
+def build_builtin() -> Any:
+    """The built-in model's weights, the same in every process (fixed seed, built on the CPU)."""
     import torch
     import transformers
 
     torch.manual_seed(SEED)
+    return transformers.LlamaForCausalLM(builtin_config())
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def load_tokenizer(path: str) -> Any | None:
+    """The directory's tokenizer, or None where it has none (bytes are then its token ids, shown
+    as ids). Why look for the files first: given a directory without them, transformers 5 builds
+    an empty tokenizer of the model's type, which encodes every prompt to no tokens at all."""
+    import transformers
+
+    if not any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError):
+        return None
+
+
+def quiet_progress_bars() -> None:
+    """No "Loading weights" bar: one per rank, interleaved, would garble stderr."""
+    import transformers
+
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def load(path: str | None, device: Any = "cpu") -> LoadedModel:
+    """Load ``path`` offline (local_files_only), or build the fixed tiny model: a whole copy."""
+    import torch
+    import transformers
+
+    quiet_progress_bars()
+    torch.manual_seed(SEED)
     if path is None:
-        config = transformers.LlamaConfig(
-            vocab_size=BYTE_VOCAB + 4,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=4,
-            max_position_embeddings=512,
-            bos_token_id=BYTE_VOCAB,
-            eos_token_id=BYTE_VOCAB + 1,
-            pad_token_id=BYTE_VOCAB + 2,
-            tie_word_embeddings=False,
-        )
-        model: Any = transformers.LlamaForCausalLM(config)
-        loaded = LoadedModel(model=model, tokenizer=None, name="built-in tiny llama (seed 0)")
+        loaded = LoadedModel(model=build_builtin(), tokenizer=None, name=BUILTIN_NAME)
     else:
         model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
-        try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError):
-            tokenizer = None
-        loaded = LoadedModel(model=model, tokenizer=tokenizer, name=path)
+        loaded = LoadedModel(model=model, tokenizer=load_tokenizer(path), name=path)
     loaded.model.to(device).eval()
     return loaded
 
@@ -86,3 +124,14 @@ def generate(loaded: LoadedModel, prompts: list[str], max_new_tokens: int) -> li
             new = [int(t) for t in out[0, len(ids) :].tolist()]
             outputs.append({"prompt": prompt, "token_ids": new, "text": loaded.decode(new)})
     return outputs
+
+
+def timed_generate(
+    loaded: LoadedModel, prompts: list[str], max_new_tokens: int
+) -> tuple[list[dict[str, Any]], float]:
+    """``generate`` and its wall time in seconds (the model already loaded: tokens/s)."""
+    import time
+
+    started = time.perf_counter()
+    outputs = generate(loaded, prompts, max_new_tokens)
+    return outputs, time.perf_counter() - started

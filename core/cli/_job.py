@@ -1,8 +1,10 @@
 """``hwlaunch run``: the main job, end to end.
 
-Resolve a plan, start the workers with live progress, check the process group with an
-all-reduce, load a causal LM in every worker, split the prompts across ranks, generate greedily,
-and verify the tokens against the same model run in a single process.
+Resolve a plan, start the workers with progress, check the process group with an all-reduce,
+load a causal LM over the workers and generate greedily: tensor parallel (every rank holds its
+shard of the weights and all ranks generate together, in lockstep) or data parallel (every rank
+a whole copy, the prompts split between them). The tokens are checked against the same model
+run in a single process.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ import dataclasses
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from hwlaunch.cli._model_check import Parallelism
+from hwlaunch.cli._progress import Progress
 from hwlaunch.errors import HwlaunchError
 from hwlaunch.plan import Plan
 
@@ -45,68 +48,55 @@ class GenerationWorker:
     """Worker extension: the model lives in the worker between RPCs."""
 
     rank: int
+    world_size: int
     device: Any
+    device_index: int
 
-    def load_model(self, path: str | None) -> str:
+    def load_model(self, path: str | None, parallelism: str) -> dict[str, Any]:
+        """Load the model in ``parallelism`` mode ("tensor": this rank's shards; "data": a whole
+        copy) and say what this rank holds. A model transformers cannot shard here (no
+        tensor-parallel plan, or another device than this worker's) is loaded whole, with the
+        reason."""
         from hwlaunch.cli import _demo_model as demo_model
+        from hwlaunch.cli import _tensor_parallel as tensor_parallel
 
-        self._model = demo_model.load(path, self.device)
-        return self._model.name
+        note = None
+        if parallelism == "tensor":
+            reason = tensor_parallel.cannot_load_sharded(path, self.device)
+            if reason is not None:
+                parallelism, note = "data", f"data parallel: {reason}"
+        if parallelism == "tensor":
+            self._model = tensor_parallel.load_sharded(path, self.world_size, self.device_index)
+        else:
+            self._model = demo_model.load(path, self.device)
+        self._path, self._parallelism = path, parallelism
+        held, whole = tensor_parallel.parameter_elements(self._model.model)
+        device = next(self._model.model.parameters()).device
+        return {
+            "name": self._model.name,
+            "parallelism": parallelism,
+            "note": note,
+            "params": held,
+            "params_whole": whole,
+            "device": str(device),
+        }
 
     def generate(self, prompts: list[str], max_new_tokens: int) -> list[dict[str, Any]]:
         from hwlaunch.cli import _demo_model as demo_model
 
         return demo_model.generate(self._model, prompts, max_new_tokens)
 
+    def generate_reference(
+        self, prompts: list[str], max_new_tokens: int
+    ) -> tuple[list[dict[str, Any]], float]:
+        """All prompts through a whole copy of the model on this rank's device, alone: the
+        single-process run where the driver has no device of its own."""
+        from hwlaunch.cli import _demo_model as demo_model
 
-@dataclass
-class Progress:
-    """Per-rank status, shown live on a terminal and as plain lines otherwise."""
-
-    world_size: int
-    quiet: bool
-    status: dict[int, str] = field(default_factory=dict)
-    _live: Any = None
-
-    def __call__(self, rank: int, status: str) -> None:
-        self.status[rank] = status
-        self._refresh()
-
-    def all(self, status: str) -> None:
-        for rank in range(self.world_size):
-            self.status[rank] = status
-        self._refresh()
-
-    def _table(self) -> Any:
-        from rich.table import Table
-
-        table = Table(title="workers", title_justify="left")
-        table.add_column("rank")
-        table.add_column("status")
-        for rank in range(self.world_size):
-            table.add_row(str(rank), self.status.get(rank, "starting"))
-        return table
-
-    def _refresh(self) -> None:
-        if self._live is not None:
-            self._live.update(self._table())
-
-    @contextmanager
-    def shown(self) -> Iterator[Progress]:
-        if self.quiet:
-            yield self
-            return
-        from rich.console import Console
-        from rich.live import Live
-
-        console = Console(stderr=True)
-        with Live(self._table(), console=console, refresh_per_second=8, transient=False) as live:
-            self._live = live
-            try:
-                yield self
-            finally:
-                self._live = None
-        console.print()
+        whole = (
+            self._model if self._parallelism == "data" else demo_model.load(self._path, self.device)
+        )
+        return demo_model.timed_generate(whole, prompts, max_new_tokens)
 
 
 def split(prompts: list[str], world_size: int) -> list[list[str]]:
@@ -143,19 +133,26 @@ def _all_gathered(worker: Any, fn: Callable[..., Any], args: tuple[Any, ...]) ->
     return gathered
 
 
-def reference_outputs(
-    executor: Any, plan: Plan, model: str | None, prompts: list[str], max_new_tokens: int
-) -> list[dict[str, Any]]:
-    """All prompts through one model in one process: this one on CPU, else rank 0 alone."""
-    if plan.backend == "cpu":
-        from hwlaunch.cli import _demo_model as demo_model
+Reference = tuple[list[dict[str, Any]], float]  # the outputs and the seconds they took
 
-        return demo_model.generate(demo_model.load(model), prompts, max_new_tokens)
+
+def reference_here(model: str | None, prompts: list[str], max_new_tokens: int) -> Reference:
+    """All prompts through one whole model in this process, on the CPU. It runs after the
+    workers are gone, so that its tokens/s is not measured against their CPU use."""
+    from hwlaunch.cli import _demo_model as demo_model
+
+    return demo_model.timed_generate(demo_model.load(model), prompts, max_new_tokens)
+
+
+def reference_on_rank0(executor: Any, prompts: list[str], max_new_tokens: int) -> Reference:
+    """All prompts through a whole copy on rank 0's device, alone: where the driver has no
+    device of the backend's."""
 
     def rank0_all(worker: Any, prompts: list[str], k: int) -> Any:
-        return worker.generate(prompts, k) if worker.rank == 0 else None
+        return worker.generate_reference(prompts, k) if worker.rank == 0 else None
 
-    return list(every_rank(executor, rank0_all, (prompts, max_new_tokens))[0])
+    outputs, seconds = every_rank(executor, rank0_all, (prompts, max_new_tokens))[0]
+    return list(outputs), float(seconds)
 
 
 def _ping_median_ms(executor: Any, times: int = 5) -> float:
@@ -168,70 +165,170 @@ def _ping_median_ms(executor: Any, times: int = 5) -> float:
     return statistics.median(latencies) * 1000
 
 
+@dataclass
+class Generated:
+    """What the ranks generated: the outputs in prompt order and whether the ranks agree."""
+
+    outputs: list[dict[str, Any]]
+    ranks_agree: bool | None  # tensor parallel: every rank's tokens equal rank 0's
+
+
+def generate_on(executor: Any, mode: str, prompts: list[str], max_new_tokens: int) -> Generated:
+    """Tensor parallel: every rank runs ``generate`` on every prompt, in lockstep (the sharded
+    layers' collectives run inside it). Data parallel: the prompts round-robin over the ranks."""
+    world_size = executor.plan.world_size
+    if mode == "tensor":
+        per_rank = every_rank(executor, lambda w, p, k: w.generate(p, k), (prompts, max_new_tokens))
+        tokens = [[o["token_ids"] for o in outputs] for outputs in per_rank]
+        return Generated(list(per_rank[0]), all(t == tokens[0] for t in tokens))
+    parts = every_rank(
+        executor,
+        lambda w, shares, k: w.generate(shares[w.rank], k),
+        (split(prompts, world_size), max_new_tokens),
+    )
+    outputs = merge(parts, world_size)
+    for index, output in enumerate(outputs):
+        output["rank"] = index % world_size
+    return Generated(outputs, None)
+
+
+def _phase_texts(plan: Plan, mode: str, prompts: list[str], max_new_tokens: int) -> list[str]:
+    loading = (
+        f"loading shards (tensor parallel over {plan.world_size} ranks)"
+        if mode == "tensor"
+        else "loading the model in every rank"
+    )
+    how = plan.executor + (f", {plan.start_method}" if plan.start_method else "")
+    return [
+        f"starting {plan.world_size} workers ({how})",
+        loading,
+        f"generating {len(prompts)} prompts x {max_new_tokens} tokens",
+        "single-process reference run",
+    ]
+
+
 def run_job(
-    plan: Plan, *, model: str | None, prompts: list[str], max_new_tokens: int, quiet: bool
+    plan: Plan,
+    *,
+    model: str | None,
+    parallelism: Parallelism,
+    prompts: list[str],
+    max_new_tokens: int,
+    progress_style: str,
 ) -> dict[str, Any]:
     from hwlaunch.executor.launcher import launch
 
     timings: dict[str, float] = {}
     rank = this_rank(plan)  # under a launcher, every rank runs this; rank 0 reports
-    progress = Progress(plan.world_size, quiet or rank != 0)
+    progress = Progress(plan.world_size, progress_style)
+    phases = _phase_texts(plan, parallelism.mode, prompts, max_new_tokens)
     started = time.perf_counter()
+    progress.phase(phases[0])
+    reference: Reference | None = None
     with (
         progress.shown(),
         launch(plan, worker_extension=GenerationWorker, on_status=progress) as executor,
     ):
         timings["time_to_ready_s"] = time.perf_counter() - started
-        timings["rpc_latency_ms_median"] = _ping_median_ms(executor)
-        t0 = time.perf_counter()
-        sums = every_rank(executor, lambda w: w.all_reduce_rank())
-        timings["allreduce_s"] = time.perf_counter() - t0
-        expected = plan.world_size * (plan.world_size - 1) // 2
-        allreduce_ok = all(s == expected for s in sums)
-        progress.all(f"ready, all-reduce {'ok' if allreduce_ok else 'WRONG'}")
-        t0 = time.perf_counter()
-        names = executor.collective_rpc("load_model", args=(model,))
-        timings["load_model_s"] = time.perf_counter() - t0
-        progress.all("model loaded")
-        t0 = time.perf_counter()
-        parts = every_rank(
-            executor,
-            lambda w, shares, k: w.generate(shares[w.rank], k),
-            (split(prompts, plan.world_size), max_new_tokens),
-        )
-        timings["generate_s"] = time.perf_counter() - t0
-        progress.all("generated")
-        outputs = merge(parts, plan.world_size)
-        for index, output in enumerate(outputs):
-            output["rank"] = index % plan.world_size
-        t0 = time.perf_counter()
-        # Rank 0 checks the tokens; the other ranks of an external job do their share only.
-        reference = (
-            reference_outputs(executor, plan, model, prompts, max_new_tokens)
-            if rank == 0 or plan.backend != "cpu"
-            else None
-        )
-        timings["reference_s"] = time.perf_counter() - t0
+        ran = _in_workers(executor, model, parallelism.mode, prompts, max_new_tokens, progress)
+        timings.update(ran.timings)
+        if plan.backend != "cpu":
+            progress.phase(phases[3])
+            reference = reference_on_rank0(executor, prompts, max_new_tokens)
         nodes = [dataclasses.asdict(n) for n in getattr(executor, "nodes", [])] or None
+    # On the CPU, rank 0 checks the tokens; the other ranks of an external job are done.
+    if plan.backend == "cpu" and rank == 0:
+        progress.phase(phases[3])
+        reference = reference_here(model, prompts, max_new_tokens)
     timings["total_s"] = time.perf_counter() - started
-    matches = reference is None or [o["token_ids"] for o in outputs] == [
-        r["token_ids"] for r in reference
-    ]
+    progress.phase(f"done in {timings['total_s']:.1f}s")
+    expected = plan.world_size * (plan.world_size - 1) // 2
     return {
         "rank": rank,
         "plan": plan.to_dict(),
-        "model": names[0],
-        "allreduce_ok": allreduce_ok,
-        "allreduce": {"expected": expected, "got": sums},
-        "outputs": outputs,
-        "matches_single_process": matches,
+        **_model_report(ran.loads, parallelism.note),
+        "allreduce_ok": all(s == expected for s in ran.sums),
+        "allreduce": {"expected": expected, "got": ran.sums},
+        **_token_report(ran.generated, reference, timings["generate_s"], ran.mode),
         "nodes": nodes,
         "timings": timings,
     }
 
 
+@dataclass
+class InWorkers:
+    """What the workers did: all-reduce sums, what each loaded, what they generated."""
+
+    sums: list[int]
+    loads: list[dict[str, Any]]
+    mode: str
+    generated: Generated
+    timings: dict[str, float]
+
+
+def _in_workers(
+    executor: Any,
+    model: str | None,
+    mode: str,
+    prompts: list[str],
+    max_new_tokens: int,
+    progress: Progress,
+) -> InWorkers:
+    _, loading, generating, _ = _phase_texts(executor.plan, mode, prompts, max_new_tokens)
+    timings = {"rpc_latency_ms_median": _ping_median_ms(executor)}
+    t0 = time.perf_counter()
+    sums = every_rank(executor, lambda w: w.all_reduce_rank())
+    timings["allreduce_s"] = time.perf_counter() - t0
+    progress.phase(loading)
+    t0 = time.perf_counter()
+    loads = every_rank(executor, lambda w, p, m: w.load_model(p, m), (model, mode))
+    timings["load_model_s"] = time.perf_counter() - t0
+    loaded_mode = loads[0]["parallelism"]
+    progress.phase(generating if loaded_mode == mode else f"{generating}, data parallel")
+    t0 = time.perf_counter()
+    generated = generate_on(executor, loaded_mode, prompts, max_new_tokens)
+    timings["generate_s"] = time.perf_counter() - t0
+    return InWorkers(sums, loads, loaded_mode, generated, timings)
+
+
+def _model_report(loads: list[dict[str, Any]], driver_note: str | None) -> dict[str, Any]:
+    """The mode, why it is not tensor parallel where it is not, and what each rank holds."""
+    return {
+        "model": loads[0]["name"],
+        "parallelism": loads[0]["parallelism"],
+        "parallelism_note": loads[0]["note"] or driver_note,
+        "params_single_process": loads[0]["params_whole"],
+        "ranks": [
+            {"rank": rank, "params": load["params"], "device": load["device"]}
+            for rank, load in enumerate(loads)
+        ],
+    }
+
+
+def _token_report(
+    generated: Generated,
+    reference: Reference | None,
+    generate_s: float,
+    mode: str,
+) -> dict[str, Any]:
+    """The outputs, the checks of their tokens and the tokens/s of both runs."""
+    new_tokens = sum(len(o["token_ids"]) for o in generated.outputs)
+    matches = reference is None or [o["token_ids"] for o in generated.outputs] == [
+        r["token_ids"] for r in reference[0]
+    ]
+    return {
+        "outputs": generated.outputs,
+        "ranks_agree": generated.ranks_agree,
+        "matches_single_process": matches,
+        "tokens_per_s": {
+            f"{mode}_parallel": new_tokens / generate_s,
+            "single_process": None if reference is None else new_tokens / reference[1],
+        },
+    }
+
+
 def render(result: dict[str, Any]) -> str:
-    lines = [f"model: {result['model']}"]
+    lines = [f"model: {result['model']}", _render_parallelism(result)]
     got = result["allreduce"]["got"]
     lines.append(
         f"all-reduce of rank ids: {got} (expected {result['allreduce']['expected']} on every "
@@ -239,7 +336,11 @@ def render(result: dict[str, Any]) -> str:
     )
     for output in result["outputs"]:
         shown = output["text"] if output["text"] is not None else f"token ids {output['token_ids']}"
-        lines.append(f"[rank {output['rank']}] {output['prompt']!r} -> {shown}")
+        who = f"rank {output['rank']}" if "rank" in output else "all ranks"
+        lines.append(f"[{who}] {output['prompt']!r} -> {shown}")
+    if result["ranks_agree"] is not None:
+        agree = "yes" if result["ranks_agree"] else "NO"
+        lines.append(f"every rank generated the same tokens: {agree}")
     lines.append(
         "tokens match a single-process run: "
         + ("yes" if result["matches_single_process"] else "NO")
@@ -249,6 +350,14 @@ def render(result: dict[str, Any]) -> str:
             f"rank {node['rank']}: node {node['node_id'][:12]} ({node['node_ip']}), "
             f"local rank {node['local_rank']}, pid {node['pid']}"
         )
+    lines.append(
+        "tokens/s: "
+        + ", ".join(
+            f"{name.replace('_', ' ')} {rate:.1f}"
+            for name, rate in result["tokens_per_s"].items()
+            if rate is not None
+        )
+    )
     t = result["timings"]
     lines.append(
         f"time to ready {t['time_to_ready_s']:.2f}s, rpc latency {t['rpc_latency_ms_median']:.2f}"
@@ -256,6 +365,16 @@ def render(result: dict[str, Any]) -> str:
         f"{t['load_model_s']:.2f}s, generate {t['generate_s']:.2f}s, total {t['total_s']:.2f}s"
     )
     return "\n".join(lines)
+
+
+def _render_parallelism(result: dict[str, Any]) -> str:
+    whole = result["params_single_process"]
+    held = ", ".join(
+        f"rank {r['rank']} holds {r['params']:,} ({r['params'] / whole:.0%}) on {r['device']}"
+        for r in result["ranks"]
+    )
+    note = f" ({result['parallelism_note']})" if result["parallelism_note"] else ""
+    return f"parallelism: {result['parallelism']}{note}; whole model {whole:,} parameters; {held}"
 
 
 def check(result: dict[str, Any]) -> None:
@@ -266,6 +385,8 @@ def check(result: dict[str, Any]) -> None:
             f"got {result['allreduce']['got']}",
             result,
         )
+    if result["ranks_agree"] is False:
+        raise RunCheckFailed("the tensor-parallel ranks generated different tokens", result)
     if not result["matches_single_process"]:
         raise RunCheckFailed(
             "generated tokens differ from the single-process reference run", result

@@ -8,7 +8,11 @@ With CUDA initialized in this (the parent) process, it shows that
 3. ``all_reduce_rank`` over nccl equals N*(N-1)/2;
 4. an explicit ``start_method="fork"`` gets hwlaunch's StartMethodError from ``resolve()`` and
    from ``launch()``, before any process starts, instead of the workers failing with CUDA's
-   "Cannot re-initialize CUDA in forked subprocess".
+   "Cannot re-initialize CUDA in forked subprocess";
+5. with two GPUs or more, ``hwlaunch run --backend cuda -n 2 --parallel tensor`` (a fresh
+   process) shards the built-in model over two GPUs with NCCL: each rank holds at most 0.75 of the
+   parameters on its GPU, every rank generates the same tokens, and they equal a whole copy's
+   on rank 0's GPU.
 
 It prints one JSON object (``ok``, ``checks``, ``workers``, ...) and exits 0 when every check
 passes, 1 when one fails, 2 when there is no NVIDIA GPU or no CUDA build of torch.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 import traceback
@@ -112,6 +117,29 @@ def run(world_size: int) -> dict[str, Any]:
     return result
 
 
+def run_tensor_parallel(world_size: int) -> dict[str, Any]:
+    """``hwlaunch run`` sharding the built-in model over ``world_size`` GPUs, in a fresh
+    process (CUDA not initialized there, so the workers fork)."""
+    command = [sys.executable, "-m", "hwlaunch.cli", "run", "--backend", "cuda", "--json"]
+    command += ["-n", str(world_size), "--parallel", "tensor", "--max-new-tokens", "8"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        return {"ok": False, "exit_code": proc.returncode, "stderr": proc.stderr[-4000:]}
+    job = json.loads(proc.stdout)
+    whole = job["params_single_process"]
+    return {
+        "ok": job["parallelism"] == "tensor"
+        and all(
+            r["params"] <= 0.75 * whole and r["device"].startswith("cuda") for r in job["ranks"]
+        )
+        and job["ranks_agree"] is True
+        and job["matches_single_process"] is True,
+        "ranks": job["ranks"],
+        "params_single_process": whole,
+        "tokens_per_s": job["tokens_per_s"],
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-n", "--world-size", type=int, default=None, help="default: min(2, GPUs)")
@@ -135,6 +163,9 @@ def main() -> int:
         error = f"{type(exc).__name__}: {exc}"
         print(json.dumps({"ok": False, "error": error, "traceback": traceback.format_exc()}))
         return 1
+    if world_size >= 2:
+        result["tensor_parallel"] = run_tensor_parallel(2)  # the built-in model has 4 heads
+        result["checks"]["tensor_parallel_run"] = result["tensor_parallel"]["ok"]
     result["ok"] = all(result["checks"].values())
     print(json.dumps(result, indent=2))
     return 0 if result["ok"] else 1
