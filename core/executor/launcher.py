@@ -17,11 +17,11 @@ def launch(
     init_distributed: bool = True,
     startup_timeout: float | None = None,
     on_status: StatusCallback | None = None,
-    **overrides: Any,
+    **resolve_keywords: Any,
 ) -> Executor:
     """Start ``plan.world_size`` workers and return their executor (a context manager).
 
-    Without a plan, ``overrides`` are ``resolve()``'s keywords, and the warnings of the plan
+    Without a plan, ``resolve_keywords`` are ``resolve()``'s keywords, and the warnings of the plan
     (a fallback from fork, a module-level launch without a main guard) and of the executor (a
     fork server already running without the preload) are issued as ``UserWarning`` pointing at
     the caller's line. A caller that passes a plan has seen it: the warnings stay in
@@ -33,12 +33,12 @@ def launch(
     if plan is None:
         from hwlaunch.planning.resolver import resolve
 
-        plan = resolve(**overrides)
+        plan = resolve(**resolve_keywords)
         for text in plan.warnings:
             warnings.warn(f"hwlaunch: {text}", UserWarning, stacklevel=2)
-    elif overrides:
+    elif resolve_keywords:
         raise TypeError(
-            f"launch() got a plan and resolve() keywords {sorted(overrides)}; pass one or the other"
+            f"launch() got a plan and resolve() keywords {sorted(resolve_keywords)}; pass one or the other"
         )
     executor = _start(plan, worker_extension, init_distributed, startup_timeout, on_status)
     if plan.facts is not None:
