@@ -245,6 +245,9 @@ class Plan:
     propagate_env: tuple[str, ...] = ()  # names and prefixes ("HABANA_*"), never values
     ray_noset_visibility_var: str | None = None
     worker_setup: tuple[str, ...] = ()  # plugins whose hwlaunch_worker_setup runs, in order
+    # A launcher started the ranks (the executor declares needs_launcher): each worker takes its
+    # rank, rendezvous and device from the launcher's variables.
+    ranks_from_launcher: bool = False
 
     def decision(self, setting: str) -> Decision:
         for decision in self.decisions:
@@ -280,6 +283,7 @@ class Plan:
             "propagate_env": list(self.propagate_env),
             "ray_noset_visibility_var": self.ray_noset_visibility_var,
             "worker_setup": list(self.worker_setup),
+            "ranks_from_launcher": self.ranks_from_launcher,
         }
 
     def explain(self, width: int = 110) -> str:

@@ -253,3 +253,9 @@ def test_the_plugin_guide_lists_every_backendspec_field_and_which_are_required()
         for f in fields
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
+
+
+def test_the_plugin_guide_lists_every_executorspec_field() -> None:
+    part = section(DOCS / "writing-a-backend-plugin.md", "## 10. An executor of your own")
+    documented = [name for row in table_rows(part) for name in code_spans(row[0])]
+    assert documented == [f.name for f in dataclasses.fields(hwlaunch.ExecutorSpec)]

@@ -7,6 +7,7 @@ from typing import Any
 
 from hwlaunch.errors import PluginError
 from hwlaunch.executor.base import Executor, StatusCallback
+from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.plan import Plan
 
 
@@ -63,39 +64,29 @@ def _start(
     startup_timeout: float | None,
     on_status: StatusCallback | None,
 ) -> Executor:
-    def start(group_plan: Plan) -> Executor:
-        return _start_group(
-            group_plan, worker_extension, init_distributed, startup_timeout, on_status
-        )
+    """The plan's executor, found by name among the registered ones; wrapped in the restart
+    controller when the plan restarts groups and the executor declares that it can."""
+    spec, cls = registered_executor(plan.executor)
 
-    if plan.max_restarts > 0 and plan.executor in ("mp", "ray"):
+    def start(group_plan: Plan) -> Executor:
+        executor: Executor = cls(
+            group_plan,
+            worker_extension,
+            init_distributed=init_distributed,
+            startup_timeout=startup_timeout,
+            on_status=on_status,
+        )
+        return executor
+
+    if plan.max_restarts > 0 and spec.restarts:
         from hwlaunch.executor.restart import RestartingExecutor
 
         return RestartingExecutor(plan, start)
     return start(plan)
 
 
-def _start_group(
-    plan: Plan,
-    worker_extension: type | str | None,
-    init_distributed: bool,
-    startup_timeout: float | None,
-    on_status: StatusCallback | None,
-) -> Executor:
-    """Construct the plan's executor, found by name among the registered ones."""
-    cls = executor_class(plan.executor)
-    executor: Executor = cls(
-        plan,
-        worker_extension,
-        init_distributed=init_distributed,
-        startup_timeout=startup_timeout,
-        on_status=on_status,
-    )
-    return executor
-
-
-def executor_class(name: str) -> Any:
-    """The class an executor plugin registered under ``name``, imported now.
+def registered_executor(name: str) -> tuple[ExecutorSpec, type[Executor]]:
+    """The spec an executor plugin registered under ``name``, and its class, imported now.
 
     An executor whose class cannot be imported, or is no ``hwlaunch.Executor``, fails with a
     PluginError naming the executor, its plugin and the import path, never a bare ImportError.
@@ -122,4 +113,4 @@ def executor_class(name: str) -> Any:
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, Executor)):
         raise PluginError(f"{where} is not a subclass of hwlaunch.Executor")
-    return cls
+    return entry.spec, cls

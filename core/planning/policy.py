@@ -191,7 +191,7 @@ class _Policy:
         facts = plan.facts
         assert facts is not None
         rule = spec.start_methods
-        if plan.executor != "mp":
+        if plan.start_method is None:  # the executor uses no start method
             return f"the {plan.executor} executor starts no local processes"
         if method not in rule.allowed:
             return f"the rule of backend {spec.name} allows only {', '.join(rule.allowed)}"
