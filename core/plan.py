@@ -7,6 +7,7 @@ planning layer, so a worker that unpickles a Plan loads only this module.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 from collections.abc import Mapping
@@ -153,6 +154,83 @@ class DeviceFacts:
     probe_error: str | None = None
 
 
+ThreadKind = Literal["python", "openmp", "native"]
+
+
+@dataclass(frozen=True)
+class ThreadInfo:
+    """One thread of this process besides the calling one and hwlaunch's own.
+
+    ``kind``: ``python`` (a ``threading`` thread), ``openmp`` (a worker of an OpenMP pool:
+    GNU libgomp, whose pool a forked child believes it still has), ``native`` (any other thread
+    a library started). ``library``: the shared library a native thread runs in, where it could
+    be told (``libgomp.so.1``, ``libscipy_openblas64_.so``); ``owner``: whose pool it is, where
+    known (``torch``).
+    """
+
+    name: str
+    kind: ThreadKind
+    library: str | None = None
+    owner: str | None = None
+
+    def label(self, n: int = 1) -> str:
+        """``'my-poller'``, ``2 of torch's OpenMP pool (libgomp.so.1)``, ``a native thread of
+        numpy (libopenblas.so)``: this thread, or ``n`` threads like it."""
+        if self.kind == "python":
+            return f"{n} of {self.name!r}" if n > 1 else repr(self.name)
+        whose = f" of {self.owner}" if self.owner else ""
+        where = f" ({self.library})" if self.library else ""
+        if self.kind == "openmp":
+            pool = f"{self.owner}'s OpenMP pool" if self.owner else "an OpenMP pool"
+            return f"{n} of {pool}{where}"
+        return f"{n} native threads{whose}{where}" if n > 1 else f"a native thread{whose}{where}"
+
+
+@dataclass(frozen=True)
+class ThreadFacts:
+    """The threads a forked child would not have: every thread of this process but the calling
+    one and hwlaunch's own (named ``hwlaunch-*``, which only wait in poll or recv and hold no
+    lock a child needs). ``free_threaded``: the interpreter runs without a GIL
+    (``sys._is_gil_enabled()`` is False), so Python threads run truly at once. ``source``:
+    where the threads were read (``/proc/self/task``, or ``threading`` where /proc is absent,
+    which sees Python threads only)."""
+
+    others: tuple[ThreadInfo, ...] = ()
+    own: int = 0
+    free_threaded: bool = False
+    source: str = "/proc/self/task"
+
+    @property
+    def openmp(self) -> tuple[ThreadInfo, ...]:
+        """The threads of a started OpenMP pool: a forked child deadlocks in its first
+        parallel region, waiting for them."""
+        return tuple(t for t in self.others if t.kind == "openmp")
+
+    def summary(self) -> str:
+        """``3 threads: 2 of torch's OpenMP pool (libgomp.so.1), 'my-poller'``."""
+        alike: dict[ThreadInfo, int] = {}
+        for thread in self.others:
+            alike[thread] = alike.get(thread, 0) + 1
+        n = len(self.others)
+        parts = ", ".join(thread.label(count) for thread, count in alike.items())
+        text = f"{n} thread{'s' if n != 1 else ''}: {parts}" if n else "no other threads"
+        return text + (" (free-threaded interpreter)" if self.free_threaded else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": len(self.others),
+            "threads": [dataclasses.asdict(t) for t in self.others],
+            "openmp_pool": len(self.openmp),
+            "hwlaunch_own": self.own,
+            "free_threaded": self.free_threaded,
+            "source": self.source,
+            "summary": self.summary(),
+        }
+
+
+NO_THREADS = ThreadFacts()
+
+
 @dataclass(frozen=True)
 class RuntimeFacts:
     """What is true in this process when it resolves: the inputs the rules read besides specs
@@ -164,6 +242,7 @@ class RuntimeFacts:
     daemonic: bool
     in_ray_actor: bool
     launcher: LauncherInfo = NO_LAUNCHER
+    threads: ThreadFacts = NO_THREADS
     assumed: frozenset[str] = field(default_factory=frozenset)
 
     def mark(self, key: str) -> str:
@@ -190,6 +269,7 @@ class RuntimeFacts:
             "daemonic": self.daemonic,
             "in_ray_actor": self.in_ray_actor,
             "launcher": self.launcher.to_dict(),
+            "threads": self.threads.to_dict(),
             "assumed": sorted(self.assumed),
         }
 

@@ -14,13 +14,31 @@ from typing import Any, get_args
 
 from hwlaunch._checks import did_you_mean, parse_truthy
 from hwlaunch.errors import ConfigError
-from hwlaunch.plan import DeviceFacts, LauncherInfo, MainGuard, MainGuardStatus, RuntimeFacts
+from hwlaunch.plan import (
+    DeviceFacts,
+    LauncherInfo,
+    MainGuard,
+    MainGuardStatus,
+    RuntimeFacts,
+    ThreadFacts,
+    ThreadInfo,
+    ThreadKind,
+)
 from hwlaunch.planning.launchers import LAUNCHERS, detect_launcher, launcher_of
 from hwlaunch.planning.mainguard import detect_main_guard
+from hwlaunch.planning.threads import probe_threads
 from hwlaunch.spec import START_METHODS, BackendSpec
 
 MAIN_GUARD_VALUES: tuple[MainGuardStatus, ...] = get_args(MainGuardStatus)
-GLOBAL_KEYS = ("main_guard", "daemonic", "in_ray_actor", "start_methods", "launcher")
+GLOBAL_KEYS = (
+    "main_guard",
+    "daemonic",
+    "in_ray_actor",
+    "start_methods",
+    "launcher",
+    "threads",
+    "free_threaded",
+)
 DEVICE_KEYS = ("available", "device_count", "initialized")
 
 
@@ -55,6 +73,7 @@ def gather_facts(specs: Mapping[str, BackendSpec]) -> RuntimeFacts:
         daemonic=bool(multiprocessing.current_process().daemon),
         in_ray_actor=_in_ray_actor(),
         launcher=detect_launcher(),
+        threads=probe_threads(),
     )
 
 
@@ -143,6 +162,34 @@ def _assumed_launcher(raw: object, where: str) -> LauncherInfo:
     return replace(launcher_of(known), evidence=where)
 
 
+THREADS_HELP = (
+    "expected none, or a comma-separated list of: a Python thread's name, openmp[:N] (N "
+    "threads of a started OpenMP pool), native[:N] (N other native threads), e.g. "
+    "threads=openmp:2,my-poller"
+)
+
+
+_ASSUMABLE_KINDS: dict[str, ThreadKind] = {"openmp": "openmp", "native": "native"}
+
+
+def _assumed_threads(raw: object, where: str, probed: ThreadFacts) -> ThreadFacts:
+    """``threads=openmp:2,my-poller``: the other threads of a process, for what-if."""
+    text = str(raw).strip()
+    items = [] if text in ("", "0", "none") else [part.strip() for part in text.split(",")]
+    others: list[ThreadInfo] = []
+    for item in items:
+        kind, sep, count = item.partition(":")
+        if kind in _ASSUMABLE_KINDS:
+            n = _count("threads", count, where) if sep else 1
+            library = "libgomp.so.1" if kind == "openmp" else None
+            others += [ThreadInfo("assumed", _ASSUMABLE_KINDS[kind], library)] * n
+        elif item and not sep:
+            others.append(ThreadInfo(item, "python"))
+        else:
+            raise ConfigError(f"invalid value {raw!r} for threads from {where}: {THREADS_HELP}")
+    return replace(probed, others=tuple(others), source="assumed")
+
+
 def apply_assumptions(
     facts: RuntimeFacts, assume: Mapping[str, object], source: str
 ) -> RuntimeFacts:
@@ -181,6 +228,11 @@ def apply_assumptions(
             changes["os_start_methods"] = methods
         elif key == "launcher":
             changes["launcher"] = _assumed_launcher(raw, where)
+        elif key == "threads":
+            changes["threads"] = _assumed_threads(raw, where, changes.get("threads", facts.threads))
+        elif key == "free_threaded":
+            base = changes.get("threads", facts.threads)
+            changes["threads"] = replace(base, free_threaded=_bool(key, raw, where))
         elif key in GLOBAL_KEYS:
             changes[key] = _bool(key, raw, where)
         else:

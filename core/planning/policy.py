@@ -19,10 +19,10 @@ from typing import Any
 
 from hwlaunch._checks import did_you_mean
 from hwlaunch.errors import PluginError
-from hwlaunch.plan import REIMPORT_UNSAFE, Decision, Plan, RuntimeFacts
+from hwlaunch.plan import Decision, Plan, RuntimeFacts
 from hwlaunch.planning.registry import ENV_STRICT, Registry
 from hwlaunch.planning.settings import Overrides
-from hwlaunch.planning.start_method import preload_of
+from hwlaunch.planning.start_method import judge, preload_of
 from hwlaunch.spec import START_METHODS, BackendSpec, StartMethod, select_env
 
 SETTINGS = ("start_method", "worker", "dist_backend", "env", "preload")
@@ -116,14 +116,6 @@ def consulted(plugin_backends: Mapping[str, Sequence[str]], backend: str, name: 
     return not own or backend in own
 
 
-def _fork_unsafe(spec: BackendSpec, facts: RuntimeFacts) -> str | None:
-    if spec.start_methods.fork_unsafe_after_init and facts.devices[spec.name].initialized:
-        return f"{spec.name} is already initialized in this process"
-    if facts.in_ray_actor:
-        return "this process is a Ray actor"
-    return None
-
-
 class _Policy:
     """Applies proposals one by one to a plan; pure."""
 
@@ -187,21 +179,17 @@ class _Policy:
             self.decide(p.setting, p.value, source, p.reason)
 
     def check_start_method(self, method: str) -> str | None:
+        """Why the proposed method cannot hold, by the same check a user's request meets
+        (``judge``); a fork that would only be risky is refused too, as the rules refuse it."""
         spec, plan = self.spec, self.plan
-        facts = plan.facts
-        assert facts is not None
-        rule = spec.start_methods
+        assert plan.facts is not None
         if plan.start_method is None:  # the executor uses no start method
             return f"the {plan.executor} executor starts no local processes"
-        if method not in rule.allowed:
-            return f"the rule of backend {spec.name} allows only {', '.join(rule.allowed)}"
-        if method not in facts.os_start_methods:
-            return f"this OS does not offer it (offered: {', '.join(facts.os_start_methods)})"
-        unsafe = _fork_unsafe(spec, facts)
-        if method == "fork" and unsafe is not None:
-            return f"fork is unsafe: {unsafe}"
-        if method != "fork" and facts.main_guard.status in REIMPORT_UNSAFE:
-            return f"{method} would re-import __main__: {facts.main_guard.problem()}"
+        verdict = judge(spec, method, "a plugin's proposal", plan.facts)
+        if verdict.error is not None:
+            return verdict.why
+        if verdict.risk is not None:
+            return f"fork is unsafe: {verdict.risk}"
         return None
 
     def check_preload(self, _: tuple[str, ...]) -> str | None:

@@ -18,7 +18,9 @@ from hwlaunch.spec import BackendSpec, StartMethod
 
 __all__ = [
     "ForkHazard",
+    "Verdict",
     "fork_hazard",
+    "judge",
     "main_guard_rule",
     "preload_of",
     "reimport_error",
@@ -28,31 +30,104 @@ __all__ = [
 
 @dataclass(frozen=True)
 class ForkHazard:
-    """Why fork is unsafe right now: the fact that says so (``cuda.initialized``,
-    ``in_ray_actor``), the sentence for people, and whether forked workers would surely fail
-    (an initialized device) rather than risk a hang (a Ray actor's threads)."""
+    """Why fork is unsafe right now: the fact that says so (``cuda.initialized``, ``threads``,
+    ``in_ray_actor``) and the sentence for people. ``fatal``: forked workers surely fail or
+    hang (an initialized device, a started OpenMP pool), so an explicit fork is an error with
+    ``consequence`` and ``fix``; otherwise fork is a risk (a lock another thread holds at the
+    fork stays locked in the child), honoured with a warning when asked for."""
 
     fact: str
     why: str
     fatal: bool
+    consequence: str = ""
+    fix: str = ""
 
 
 def fork_hazard(spec: BackendSpec, facts: RuntimeFacts) -> ForkHazard | None:
-    """The reason fork is unsafe for ``spec`` in this process, or None."""
+    """The gravest reason fork is unsafe for ``spec`` in this process, or None."""
     if spec.start_methods.fork_unsafe_after_init and facts.devices[spec.name].initialized:
         key = f"{spec.name}.initialized"
         why = (
             f"{spec.name} is already initialized in this process{facts.mark(key)}, "
             f"and a forked child cannot re-initialize it"
         )
-        return ForkHazard(key, why, fatal=True)
+        consequence = (
+            f"workers would fail with 'Cannot re-initialize {spec.device_type.upper()} in "
+            "forked subprocess'"
+        )
+        fix = f"start the workers before anything initializes {spec.name} in this process"
+        return ForkHazard(key, why, True, consequence, fix)
+    threads = facts.threads
+    if threads.openmp:
+        why = (
+            f"this process has {threads.summary()}{facts.mark('threads')}, and a forked child "
+            "keeps only the thread that forks"
+        )
+        consequence = (
+            "forked workers deadlock in their first parallel operation, waiting for OpenMP "
+            "pool threads that do not exist in a child"
+        )
+        fix = (
+            "launch the workers before the first parallel torch operation in this process, or "
+            "set OMP_NUM_THREADS=1 before this process imports torch (no pool is started)"
+        )
+        return ForkHazard("threads", why, True, consequence, fix)
     if facts.in_ray_actor:
         why = (
             "this process is a Ray actor, whose background threads make fork "
             f"unsafe{facts.mark('in_ray_actor')}"
         )
         return ForkHazard("in_ray_actor", why, fatal=False)
+    if threads.others:
+        why = (
+            f"this process has {threads.summary()}{facts.mark('threads')}, and a forked child "
+            "keeps only the thread that forks: a lock another thread holds at that moment stays "
+            "locked in the child for ever"
+        )
+        return ForkHazard("threads", why, fatal=False)
     return None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a start method may be used here: ``error`` when it cannot (what a request for it
+    raises) with ``why`` in a few words (what a dropped plugin proposal says); ``risk`` when it
+    may, with a warning (fork beside other threads)."""
+
+    error: StartMethodError | None = None
+    why: str = ""
+    risk: str | None = None
+
+
+def judge(spec: BackendSpec, method: str, source: str, facts: RuntimeFacts) -> Verdict:
+    """The one legality check of a start method, for a user's request and a plugin's proposal
+    alike: offered by the OS, allowed by the backend's rule, safe to fork now, and, for spawn
+    and forkserver, a ``__main__`` that can be re-imported."""
+    offered, rule = facts.os_start_methods, spec.start_methods
+    if method not in offered:
+        why = f"this OS does not offer it (offered: {', '.join(offered)})"
+        return Verdict(not_offered(method, source, facts), why)
+    if method not in rule.allowed:
+        why = f"the rule of backend {spec.name} allows only {', '.join(rule.allowed)}"
+        return Verdict(disallowed(method, source, spec), why)
+    if method == "fork":
+        hazard = fork_hazard(spec, facts)
+        if hazard is not None and hazard.fatal:
+            return Verdict(fork_error(spec, source, hazard), f"fork is unsafe: {hazard.why}")
+        return Verdict(risk=None if hazard is None else hazard.why)
+    if facts.main_guard.status in REIMPORT_UNSAFE:
+        why = f"{method} would re-import __main__: {facts.main_guard.problem()}"
+        return Verdict(guard_error(method, source, spec, facts), why)
+    return Verdict()
+
+
+def fork_error(spec: BackendSpec, source: str, hazard: ForkHazard) -> StartMethodError:
+    fallback = spec.start_methods.fallback or "spawn"
+    return StartMethodError(
+        f"start method 'fork' from {source} cannot work: {hazard.why} ({hazard.consequence})."
+        f' Fix: use start method {fallback!r} (with an `if __name__ == "__main__":` guard), or '
+        f"{hazard.fix}"
+    )
 
 
 def preload_of(spec: BackendSpec) -> tuple[str, ...]:
@@ -89,13 +164,14 @@ def start_method(
         _not_used(spec, executor, chosen, notes)
         return None
     _check_daemonic(notes.facts)
-    hazard = fork_hazard(spec, notes.facts)
     if chosen is not None:
-        method = _requested(spec, chosen, hazard, notes)
+        method = _requested(spec, chosen, notes)
         source, reason = chosen.source, "requested"
     else:
-        method, source, reason = _default(spec, hazard, notes)
-    method, source, reason = main_guard_rule(spec, method, source, reason, chosen, notes)
+        method, source, reason, away = _default(spec, notes)
+        method, source, reason = main_guard_rule(spec, method, source, reason, notes)
+        if away is not None and method != "fork":
+            notes.warn(f"using start method {method!r} instead of fork: {away}")
     if method == "fork" and spec.start_methods.fork_warning:
         notes.warn(f"backend {spec.name}: {spec.start_methods.fork_warning}")
     return notes.note("start_method", method, source, reason)  # type: ignore[no-any-return]
@@ -139,33 +215,20 @@ def _check_daemonic(facts: RuntimeFacts) -> None:
         )
 
 
-def _requested(
-    spec: BackendSpec, chosen: Sourced[StartMethod], hazard: ForkHazard | None, notes: Notes
-) -> StartMethod:
-    """An explicit method: offered by the OS, allowed by the rule, and not a fatal fork."""
-    method, facts, rule = chosen.value, notes.facts, spec.start_methods
-    offered = facts.os_start_methods
-    if method not in offered:
-        raise not_offered(method, chosen.source, facts)
-    if method not in rule.allowed:
-        raise disallowed(method, chosen.source, spec)
-    if method == "fork" and hazard is not None:
-        if hazard.fatal:
-            raise StartMethodError(
-                f"start method 'fork' from {chosen.source} cannot work: {hazard.why} "
-                f"(workers would fail with 'Cannot re-initialize {spec.device_type.upper()}"
-                f" in forked subprocess'). Fix: use start method {rule.fallback or 'spawn'!r} "
-                '(with an `if __name__ == "__main__":` guard), or start the workers before '
-                f"anything initializes {spec.name} in this process"
-            )
-        notes.warn(f"fork was requested ({chosen.source}) although {hazard.why}")
-    return method
+def _requested(spec: BackendSpec, chosen: Sourced[StartMethod], notes: Notes) -> StartMethod:
+    """An explicit method: legal here (``judge``); a risky fork is honoured with a warning."""
+    verdict = judge(spec, chosen.value, chosen.source, notes.facts)
+    if verdict.error is not None:
+        raise verdict.error
+    if verdict.risk is not None:
+        notes.warn(f"fork was requested ({chosen.source}) although {verdict.risk}")
+    return chosen.value
 
 
-def _default(
-    spec: BackendSpec, hazard: ForkHazard | None, notes: Notes
-) -> tuple[StartMethod, str, str]:
-    """The backend's default among what the OS offers; away from fork when fork is unsafe."""
+def _default(spec: BackendSpec, notes: Notes) -> tuple[StartMethod, str, str, str | None]:
+    """The backend's default among what the OS offers; away from fork when fork is unsafe.
+    The last item is why fork was left (the warning, given once the main guard has had its
+    say), or None."""
     rule, facts = spec.start_methods, notes.facts
     offered = facts.os_start_methods
     source = f"rule of backend {spec.name}"
@@ -183,23 +246,30 @@ def _default(
             f"default {rule.default!r} is not offered by this OS"
             f"{facts.mark('start_methods')} (offered: {', '.join(offered)})"
         )
-    if method == "fork" and hazard is not None:
-        method, why = _fallback(spec, hazard, facts)
-        source = notes.fact(hazard.fact)
-        reason = f"fork is unsafe: {hazard.why}; using {method} instead: {why}"
-        notes.warn(f"using start method {method!r} instead of fork: {hazard.why}")
-    return method, source, reason
+    hazard = fork_hazard(spec, facts) if method == "fork" else None
+    if hazard is None:
+        return method, source, reason, None
+    fallback = _fallback(spec, hazard, facts)
+    if fallback is None:  # a risk, and nothing else to use: fork, said plainly
+        notes.warn(f"using fork although {hazard.why}: backend {spec.name} allows nothing else")
+        return method, source, f"{reason}; the only method usable: {hazard.why}", None
+    method, why = fallback
+    reason = f"fork is unsafe: {hazard.why}; using {method} instead: {why}"
+    return method, notes.fact(hazard.fact), reason, hazard.why
 
 
 def _fallback(
     spec: BackendSpec, hazard: ForkHazard, facts: RuntimeFacts
-) -> tuple[StartMethod, str]:
+) -> tuple[StartMethod, str] | None:
     """The method used when fork is unsafe, and why that one: the rule's fallback, else the
-    first other allowed method, among those the OS offers."""
+    first other allowed method, among those the OS offers. None: there is none, and fork is
+    only a risk."""
     rule, offered = spec.start_methods, facts.os_start_methods
     ranked = [rule.fallback] if rule.fallback else []
     ranked += [m for m in rule.allowed if m != "fork" and m not in ranked]
     usable = [m for m in ranked if m in offered]
+    if not usable and not hazard.fatal:
+        return None
     if not usable:
         raise StartMethodError(
             f"fork cannot be used: {hazard.why}, and backend {spec.name} allows no other start "
@@ -226,38 +296,27 @@ def _fallback(
 
 # -- the main guard ------------------------------------------------------------------------
 def main_guard_rule(
-    spec: BackendSpec,
-    method: StartMethod,
-    source: str,
-    reason: str,
-    requested: Sourced[StartMethod] | None,
-    notes: Notes,
+    spec: BackendSpec, method: StartMethod, source: str, reason: str, notes: Notes
 ) -> tuple[StartMethod, str, str]:
     """spawn and forkserver re-import ``__main__`` in every worker: with a main that is unsafe
-    to re-import (unguarded, unreadable, or not analysable), a requested method is an error; a
-    rule's method becomes fork where fork is usable, else an error. Returns the (method,
-    source, reason) to use."""
-    guard = notes.facts.main_guard
+    to re-import (unguarded, unreadable, or not analysable), the rule's method becomes fork
+    where fork can work (a risky fork is said so), else an error. (A requested method meets
+    the same check in ``judge``.) Returns the (method, source, reason) to use."""
+    facts = notes.facts
+    guard = facts.main_guard
     if method == "fork" or guard.status not in REIMPORT_UNSAFE:
         return method, source, reason
-    if requested is not None or not fork_usable(spec, notes.facts):
-        raise guard_error(method, source, spec, notes.facts)
+    fork = judge(spec, "fork", f"rule of backend {spec.name}", facts)
+    if fork.error is not None:
+        raise guard_error(method, source, spec, facts)
+    risk = f", although {fork.risk}" if fork.risk else ""
     notes.warn(
-        f"{guard.problem()} if started with {method}; using fork instead. Add an "
+        f"{guard.problem()} if started with {method}; using fork instead{risk}. Add an "
         f'`if __name__ == "__main__":` guard around the launch to use {method}'
     )
-    where = guard_location(notes.facts)
-    reason = f"fork is the only safe method: main guard {guard.status} ({where})"
+    where = guard_location(facts)
+    reason = f"fork is the only method that can work: main guard {guard.status} ({where})"
     return "fork", notes.fact("main_guard"), reason
-
-
-def fork_usable(spec: BackendSpec, facts: RuntimeFacts) -> bool:
-    """Allowed by the backend, offered by the OS, and safe right now."""
-    return (
-        "fork" in spec.start_methods.allowed
-        and "fork" in facts.os_start_methods
-        and fork_hazard(spec, facts) is None
-    )
 
 
 def guard_location(facts: RuntimeFacts) -> str:
@@ -268,9 +327,11 @@ def guard_location(facts: RuntimeFacts) -> str:
 def guard_error(
     method: str, source: str, spec: BackendSpec, facts: RuntimeFacts
 ) -> MissingMainGuardError:
+    fork = judge(spec, "fork", f"rule of backend {spec.name}", facts)
     hazard = fork_hazard(spec, facts)
-    if fork_usable(spec, facts):
-        alternative = f", or use start method 'fork' (allowed by backend {spec.name})"
+    if fork.error is None:
+        risk = f"; mind that {fork.risk}" if fork.risk else ""
+        alternative = f", or use start method 'fork' (allowed by backend {spec.name}{risk})"
     elif "fork" not in spec.start_methods.allowed:
         alternative = f" (fork is not an option: backend {spec.name} does not allow it)"
     elif "fork" not in facts.os_start_methods:
@@ -278,7 +339,8 @@ def guard_error(
             f" (fork is not an option: this OS does not offer it{facts.mark('start_methods')})"
         )
     else:
-        alternative = f" (fork is not an option: {hazard.why if hazard else ''})"
+        assert hazard is not None  # fork is offered and allowed: a fatal hazard refused it
+        alternative = f" (fork is not an option: {hazard.why}: {hazard.consequence})"
     guard = facts.main_guard
     if guard.status == "unguarded":
         fix = 'put the launch in a function and call it under `if __name__ == "__main__":`'

@@ -1,0 +1,157 @@
+"""Which threads of this process a forked child would lack, read without importing anything.
+
+A forked child has one thread: the one that forked. Locks that other threads held stay locked
+in the child for ever, and a thread pool the parent had started is gone while the library that
+owns it still believes it is there. GNU libgomp (torch's OpenMP) is the case that surely
+hangs: after one parallel torch operation in the parent, a forked worker waits in its first
+matmul for pool threads that do not exist.
+
+Threads are read from ``/proc/self/task``, where it exists: Python's own ``threading`` names
+the Python threads, and each native thread is placed in the shared library it is running in.
+Its program counter (``/proc/self/task/<tid>/syscall``) is in libgomp for an idle OpenMP
+worker, which calls futex itself; a thread blocked in libc (a condition variable) is placed by
+the first return address above its stack pointer that lies in another library's code. Reading
+those files needs no privilege for one's own threads and stops nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import os
+import re
+import struct
+import sys
+import threading
+import time
+
+from hwlaunch.plan import ThreadFacts, ThreadInfo, ThreadKind
+
+__all__ = ["OWN_THREAD_PREFIX", "probe_threads"]
+
+OWN_THREAD_PREFIX = "hwlaunch-"  # hwlaunch's threads: they wait in poll/recv and hold no lock
+OPENMP_LIBRARIES = ("libgomp",)  # GNU OpenMP keeps no fork handler: its pool breaks in a child
+_SYSTEM = re.compile(r"^(libc\.so|libpthread|ld-linux|ld-musl|libc\.musl|\[vdso\]|libstdc\+\+)")
+_PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z_][\w]*?)(?:\.libs)?[/\\]")
+_STACK_BYTES = 16384  # how far above a thread's stack pointer to look for its caller
+_RUNNING_RETRIES = 5  # a thread on a CPU shows no stack pointer: look again a moment later
+
+CodeMap = tuple[list[int], list[tuple[int, int, str]]]
+
+
+def probe_threads() -> ThreadFacts:
+    """The other threads of this process, hwlaunch's own counted apart."""
+    gil = getattr(sys, "_is_gil_enabled", None)
+    free_threaded = callable(gil) and not gil()
+    named = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    me = threading.get_native_id()
+    own = {tid for tid, name in named.items() if name.startswith(OWN_THREAD_PREFIX)}
+    try:
+        tids = sorted(int(t) for t in os.listdir("/proc/self/task"))
+    except OSError:  # no /proc: the Python threads are all that can be seen
+        tids, source = sorted(named), "threading"
+    else:
+        source = "/proc/self/task"
+    foreign = [tid for tid in tids if tid != me and tid not in own]
+    native = [tid for tid in foreign if tid not in named]
+    places = _places(native) if native else {}
+    others = tuple(
+        ThreadInfo(named[tid], "python") if tid in named else _native(tid, places.get(tid))
+        for tid in foreign
+    )
+    return ThreadFacts(others, len(own), free_threaded, source)
+
+
+def _native(tid: int, path: str | None) -> ThreadInfo:
+    if path is None:
+        return ThreadInfo(_comm(tid), "native")
+    library = os.path.basename(path)
+    kind: ThreadKind = "openmp" if library.startswith(OPENMP_LIBRARIES) else "native"
+    owner = _PACKAGE.search(path)
+    return ThreadInfo(_comm(tid), kind, library, owner.group(1) if owner else None)
+
+
+def _comm(tid: int) -> str:
+    try:
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return str(tid)
+
+
+def _places(tids: list[int]) -> dict[int, str | None]:
+    """The library each native thread runs in (full path), or None where it cannot be told."""
+    code = _code_mappings()
+    if code is None:
+        return {}
+    try:
+        memory = os.open("/proc/self/mem", os.O_RDONLY)
+    except OSError:
+        memory = -1
+    try:
+        return {tid: _place(tid, code, memory) for tid in tids}
+    finally:
+        if memory >= 0:
+            os.close(memory)
+
+
+def _place(tid: int, code: CodeMap, memory: int) -> str | None:
+    registers = _registers(tid)
+    if registers is None:
+        return None
+    sp, pc = registers
+    library = _library_at(pc, code)
+    if library is not None and not _SYSTEM.match(os.path.basename(library)):
+        return library
+    return _caller_library(sp, code, memory) if memory >= 0 else library
+
+
+def _registers(tid: int) -> tuple[int, int] | None:
+    """(stack pointer, program counter) of a thread blocked in the kernel; None if unknown."""
+    for attempt in range(_RUNNING_RETRIES):
+        try:
+            with open(f"/proc/self/task/{tid}/syscall") as f:
+                fields = f.read().split()
+        except OSError:
+            return None
+        if len(fields) >= 3 and fields[0] != "running":
+            return int(fields[-2], 16), int(fields[-1], 16)
+        if attempt + 1 < _RUNNING_RETRIES:
+            time.sleep(0.002)  # an OpenMP worker spins a little before it sleeps
+    return None
+
+
+def _caller_library(sp: int, code: CodeMap, memory: int) -> str | None:
+    """The first library outside libc whose code an address above ``sp`` points into."""
+    data = b""
+    with contextlib.suppress(OSError, OverflowError, ValueError):
+        data = os.pread(memory, _STACK_BYTES, sp)
+    for (word,) in struct.iter_unpack("<Q", data[: len(data) // 8 * 8]):
+        library = _library_at(word, code)
+        if library is not None and not _SYSTEM.match(os.path.basename(library)):
+            return library
+    return None
+
+
+def _code_mappings() -> CodeMap | None:
+    """The executable mappings of files, sorted by start address."""
+    spans: list[tuple[int, int, str]] = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and "x" in parts[1]:
+                    start, _, end = parts[0].partition("-")
+                    spans.append((int(start, 16), int(end, 16), parts[5].strip()))
+    except OSError:
+        return None
+    spans.sort()
+    return [s[0] for s in spans], spans
+
+
+def _library_at(address: int, code: CodeMap) -> str | None:
+    starts, spans = code
+    i = bisect.bisect_right(starts, address) - 1
+    if i >= 0 and spans[i][0] <= address < spans[i][1]:
+        return spans[i][2]
+    return None
