@@ -14,7 +14,10 @@ from typing import Any, get_args
 
 from hwlaunch._checks import did_you_mean, parse_truthy
 from hwlaunch.errors import ConfigError
-from hwlaunch.plan import (
+from hwlaunch.planning.launchers import LAUNCHERS, detect_launcher, launcher_of
+from hwlaunch.planning.mainguard import detect_main_guard
+from hwlaunch.planning.threads import probe_threads
+from hwlaunch.runtime_facts import (
     DeviceFacts,
     LauncherInfo,
     MainGuard,
@@ -24,9 +27,6 @@ from hwlaunch.plan import (
     ThreadInfo,
     ThreadKind,
 )
-from hwlaunch.planning.launchers import LAUNCHERS, detect_launcher, launcher_of
-from hwlaunch.planning.mainguard import detect_main_guard
-from hwlaunch.planning.threads import probe_threads
 from hwlaunch.spec import START_METHODS, BackendSpec
 
 MAIN_GUARD_VALUES: tuple[MainGuardStatus, ...] = get_args(MainGuardStatus)

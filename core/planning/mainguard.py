@@ -31,7 +31,7 @@ from multiprocessing import process, spawn
 from types import FrameType, ModuleType
 from typing import Literal
 
-from hwlaunch.plan import MainGuard
+from hwlaunch.runtime_facts import MainGuard
 
 _Spans = tuple[tuple[int, int], ...]
 

@@ -11,12 +11,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hwlaunch._checks import did_you_mean, unknown_name_message
+from hwlaunch.channels import SPIN_WITH_FREE_CPUS
 from hwlaunch.errors import BackendUnavailableError, ConfigError
 from hwlaunch.executor_spec import ExecutorSpec
-from hwlaunch.plan import SPIN_WITH_FREE_CPUS, ExecutorName, Plan, RuntimeFacts
+from hwlaunch.plan import ExecutorName, Plan
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
+from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import BackendSpec
 
 __all__ = ["decide"]

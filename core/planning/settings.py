@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from hwlaunch._checks import did_you_mean
+from hwlaunch.channels import DEFAULT_RPC_CHANNEL, RPC_CHANNELS
 from hwlaunch.errors import ConfigError
-from hwlaunch.plan import DEFAULT_RPC_CHANNEL, RPC_CHANNELS
 from hwlaunch.spec import START_METHODS
-
-if TYPE_CHECKING:
-    from hwlaunch.planning._config import ConfigFile
 
 __all__ = [
     "BACKEND_TABLE_KEYS",
@@ -29,6 +27,7 @@ __all__ = [
     "ENV_VARS",
     "SETTINGS",
     "TOP_LEVEL_KEYS",
+    "ConfigFile",
     "Overrides",
     "Setting",
     "Sourced",
@@ -232,6 +231,22 @@ def read_environment(environ: Mapping[str, str]) -> dict[str, Sourced[Any]]:
             source = f"env {setting.env_var}"
             found[setting.name] = Sourced(parse_setting(setting.name, raw, source), source)
     return found
+
+
+@dataclass
+class ConfigFile:
+    """A parsed config file: top-level settings and per-backend tables, each value sourced.
+
+    ``backend_tables`` maps each ``[backends.<name>]`` to where it is written, so that a table
+    naming no registered backend can be reported at its line.
+    """
+
+    path: Path
+    settings: dict[str, Sourced[Any]] = field(default_factory=dict)
+    env: Sourced[dict[str, str]] | None = None
+    backends: dict[str, dict[str, Sourced[Any]]] = field(default_factory=dict)
+    backend_env: dict[str, Sourced[dict[str, str]]] = field(default_factory=dict)
+    backend_tables: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

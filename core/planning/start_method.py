@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
 from hwlaunch.executor_spec import ExecutorSpec
-from hwlaunch.plan import REIMPORT_UNSAFE, RuntimeFacts
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import Overrides, Sourced
+from hwlaunch.runtime_facts import REIMPORT_UNSAFE, RuntimeFacts
 from hwlaunch.spec import BackendSpec, StartMethod
 
 __all__ = [
