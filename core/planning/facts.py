@@ -179,10 +179,11 @@ def _assumed_threads(raw: object, where: str, probed: ThreadFacts) -> ThreadFact
     others: list[ThreadInfo] = []
     for item in items:
         kind, sep, count = item.partition(":")
-        if kind in _ASSUMABLE_KINDS:
-            n = _count("threads", count, where) if sep else 1
+        n = (int(count) if count.isdigit() else -1) if sep else 1  # -1: not a count
+        if kind in _ASSUMABLE_KINDS and n >= 0:
             library = "libgomp.so.1" if kind == "openmp" else None
-            others += [ThreadInfo("assumed", _ASSUMABLE_KINDS[kind], library)] * n
+            owner = "torch" if kind == "openmp" else None
+            others += [ThreadInfo("assumed", _ASSUMABLE_KINDS[kind], library, owner)] * n
         elif item and not sep:
             others.append(ThreadInfo(item, "python"))
         else:
