@@ -69,19 +69,18 @@ def _start(
     spec, cls = registered_executor(plan.executor)
 
     def start(group_plan: Plan) -> Executor:
-        executor: Executor = cls(
+        return cls(
             group_plan,
             worker_extension,
             init_distributed=init_distributed,
             startup_timeout=startup_timeout,
             on_status=on_status,
-        )
-        return executor
+        ).start()
 
     if plan.max_restarts > 0 and spec.restarts:
         from hwlaunch.executor.restart import RestartingExecutor
 
-        return RestartingExecutor(plan, start)
+        return RestartingExecutor(plan, start).start()
     return start(plan)
 
 

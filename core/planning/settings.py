@@ -196,7 +196,8 @@ SETTINGS: tuple[Setting, ...] = (
         "max_restarts",
         "--max-restarts",
         "N",
-        "Times a failed mp or ray worker group is restarted (0: fail-stop).",
+        "Times a failed worker group is restarted, by an executor that declares restarts "
+        "(mp, ray; 0: fail-stop).",
         _restarts,
         default=0,
     ),
