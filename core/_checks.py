@@ -8,27 +8,51 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 
-__all__ = ["did_you_mean", "is_env_name", "parse_truthy", "unknown_name_message"]
+__all__ = ["closest", "did_you_mean", "is_env_name", "parse_truthy", "unknown_name_message"]
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
 
 
+def closest(value: str, allowed: Iterable[str], cutoff: float = 0.6) -> str | None:
+    """The allowed value ``value`` most likely meant: the same name in another case first
+    (``CPU`` is ``cpu``), else the closest by spelling, compared without case; or None."""
+    names = list(allowed)
+    by_case = {name.lower(): name for name in names}
+    if value.lower() in by_case:
+        return by_case[value.lower()]
+    close = difflib.get_close_matches(value.lower(), list(by_case), n=1, cutoff=cutoff)
+    return by_case[close[0]] if close else None
+
+
 def did_you_mean(value: str, allowed: Iterable[str], cutoff: float = 0.6) -> str:
     """``"; did you mean 'cuda'?"`` for the closest allowed value, or ``""``."""
-    close = difflib.get_close_matches(value, list(allowed), n=1, cutoff=cutoff)
-    return f"; did you mean {close[0]!r}?" if close else ""
+    close = closest(value, allowed, cutoff)
+    return f"; did you mean {close!r}?" if close is not None else ""
 
 
-def unknown_name_message(kind: str, name: str, known: Iterable[str]) -> str:
-    """``unknown backend 'cdua'; did you mean 'cuda'? (known: cpu, cuda)`` style text."""
+def unknown_name_message(
+    kind: str,
+    name: str,
+    known: Iterable[str],
+    aliases: Mapping[str, Sequence[str]] | None = None,
+) -> str:
+    """``unknown backend 'cdua'; did you mean 'cuda'? (known: cpu, cuda)`` style text.
+
+    ``aliases`` maps other words for a kind of name (``gpu``, any case) to the names it may
+    mean (``cuda``, ``xpu``): a word that is no name but an alias suggests every one of them.
+    """
     names = sorted(known)
-    return (
-        f"unknown {kind} {name!r}{did_you_mean(name, names)} (known: {', '.join(names) or 'none'})"
+    meant = [] if name.lower() in (n.lower() for n in names) else (aliases or {}).get(name.lower())
+    hint = (
+        f"; did you mean {' or '.join(repr(m) for m in meant)}?"
+        if meant
+        else did_you_mean(name, names)
     )
+    return f"unknown {kind} {name!r}{hint} (known: {', '.join(names) or 'none'})"
 
 
 def is_env_name(name: object) -> bool:

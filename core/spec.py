@@ -230,3 +230,14 @@ def select_env(environ: Mapping[str, str], patterns: tuple[str, ...]) -> dict[st
     prefixes = tuple(p[:-1] for p in patterns if p.endswith("*"))
     names = {p for p in patterns if not p.endswith("*")}
     return {k: v for k, v in environ.items() if k in names or (prefixes and k.startswith(prefixes))}
+
+
+def backend_aliases(specs: Mapping[str, BackendSpec]) -> dict[str, list[str]]:
+    """Other words people use for backends, lowercased, and the backends each may mean: a
+    spec's ``device_type`` and its ``ray_resource`` (``gpu`` means cuda or xpu, the backends
+    that Ray counts as GPUs). Used only for did-you-mean hints."""
+    aliases: dict[str, list[str]] = {}
+    for name, spec in sorted(specs.items()):
+        for word in {spec.device_type.lower(), spec.ray_resource.lower()} - {name}:
+            aliases.setdefault(word, []).append(name)
+    return aliases

@@ -54,7 +54,12 @@ def spec(**changes: Any) -> BackendSpec:
 
 def facts_for(s: BackendSpec, **assumed: object) -> RuntimeFacts:
     base = gather_facts({s.name: s})
-    given: dict[str, object] = {"main_guard": "guarded", "in_ray_actor": False, "daemonic": False}
+    given: dict[str, object] = {
+        "main_guard": "guarded",
+        "in_ray_actor": False,
+        "daemonic": False,
+        "threads": "none",
+    }
     given.update({k.replace("__", "."): v for k, v in assumed.items()})
     return apply_assumptions(base, given, "test")
 

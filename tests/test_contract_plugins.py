@@ -262,7 +262,7 @@ def test_misspelled_hook_is_a_plugin_error_with_did_you_mean(site: Path) -> None
     assert "did you mean 'hwlaunch_worker_setup'" in strict.stderr
 
 
-# --- job_wide binding with assumed devices; propagated variables -------------------------------
+# --- job_wide binding with assumed (or emulated) devices; propagated variables -------------------------------
 
 ASSUME = ("--assume", "widenpu.available=true", "--assume", "widenpu.device_count=4")
 
@@ -288,8 +288,7 @@ def test_job_wide_binding_with_assumed_devices(site: Path, tmp_path: Path) -> No
         site,
         "widenpu",
         """
-        assume = {"widenpu.available": True, "widenpu.device_count": 4}
-        plan = hwlaunch.resolve(backend="widenpu", world_size=2, assume=assume)
+        plan = hwlaunch.resolve(backend="widenpu", world_size=2)  # 4 emulated devices
         with hwlaunch.launch(plan) as ex:
             seen = ex.collective_rpc(
                 lambda w: (os.environ.get("WIDE_VISIBLE_DEVICES"), os.environ.get("WIDE_TOKEN"))
@@ -298,6 +297,7 @@ def test_job_wide_binding_with_assumed_devices(site: Path, tmp_path: Path) -> No
         """,
         tmp_path,
         WIDE_TOKEN=SECRET,
+        WIDENPU_EMULATED_DEVICES="4",
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [["0,1", SECRET], ["0,1", SECRET]]

@@ -325,7 +325,8 @@ def test_strict_turns_a_failure_into_exit_2(plugin_site: Path, key: tuple[str, s
     name, distribution = key
     done = hwlaunch(plugin_site, "backends", "--json", **{STRICT: "1", ALLOW: name})
     assert done.returncode == 2
-    assert done.stdout == ""
+    error = json.loads(done.stdout)["error"]  # --json: the error as one JSON object
+    assert (error["type"], error["exit_code"]) == ("PluginError", 2)
     assert "Traceback" not in done.stderr
     assert done.stderr.startswith("hwlaunch: error: ")
     assert f"plugin {name!r} ({distribution} {FAILURES[key][0]})" in done.stderr
@@ -462,10 +463,10 @@ def test_resolve_auto_detects_the_third_party_by_priority(plugin_site: Path) -> 
     )
 
 
-def test_resolve_a_blocked_backend_is_unknown(plugin_site: Path) -> None:
+def test_resolve_a_blocked_backend_says_it_is_excluded(plugin_site: Path) -> None:
     done = hwlaunch(plugin_site, "resolve", "--backend", "goodnpu", **{BLOCK: "goodnpu"})
     assert done.returncode == 2
-    assert "unknown backend 'goodnpu'" in done.stderr
+    assert f"backend 'goodnpu' from --backend is installed but excluded by {BLOCK}" in done.stderr
     assert "Traceback" not in done.stderr
 
 

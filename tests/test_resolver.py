@@ -565,7 +565,8 @@ def test_plugin_problems_become_warnings() -> None:
 
 # -- the same rows through the public resolve(..., assume=...) ----------------------------------
 NOTHING = {"cuda.available": False, "hpu.available": False, "xpu.available": False}
-GUARDED = {"main_guard": "guarded", "daemonic": False, "in_ray_actor": False}
+# Only the states a row names: neither this process's daemon flag, Ray, nor its threads (pytest's own).
+GUARDED = {"main_guard": "guarded", "daemonic": False, "in_ray_actor": False, "threads": "none"}
 
 
 @pytest.mark.parametrize(

@@ -443,7 +443,8 @@ def test_bad_assumptions(assume: Any, message: str) -> None:
 
 def test_assumptions_as_key_value_strings() -> None:
     plan = hwlaunch.resolve(
-        world_size=2, assume=["cuda.device_count=2", "main_guard=guarded", "in_ray_actor=0"]
+        world_size=2,
+        assume=["cuda.device_count=2", "main_guard=guarded", "in_ray_actor=0", "threads=none"],
     )
     assert (plan.backend, plan.executor, plan.start_method) == ("cuda", "mp", "fork")
     one = hwlaunch.resolve(assume="cuda.device_count=2")

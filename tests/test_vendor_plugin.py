@@ -101,6 +101,13 @@ def json_of(done: subprocess.CompletedProcess[str]) -> Any:
     return json.loads(done.stdout)
 
 
+def json_of_error(done: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """The ``{"error": {...}}`` object a failed ``--json`` command prints."""
+    error: dict[str, Any] = json.loads(done.stdout)["error"]
+    assert error["exit_code"] == done.returncode
+    return error
+
+
 def by_name(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {row["name"]: row for row in rows if row["name"] is not None}
 
@@ -202,7 +209,7 @@ def test_disabling_the_plugin_hides_it(acme_site: Path, root: Path) -> None:
     assert "acme" not in [p["name"] for p in payload["plugins"]]
     done = hwlaunch(acme_site, root, "resolve", "--backend", "acme", **{BLOCK: "acme"})
     assert done.returncode == 2
-    assert "unknown backend 'acme'" in done.stderr
+    assert f"backend 'acme' from --backend is installed but excluded by {BLOCK}" in done.stderr
 
 
 def test_allowlist_selects_third_party_plugins(acme_site: Path, root: Path) -> None:
@@ -252,7 +259,10 @@ def test_strict_mode_fails_with_the_reason(broken_site: Path, root: Path) -> Non
     for args in (("backends", "--json"), ("resolve", "--backend", "cpu")):
         done = hwlaunch(broken_site, root, *args, **{STRICT: "1"})
         assert done.returncode == 2, done.stdout
-        assert done.stdout == ""
+        if "--json" in args:  # the error as one JSON object
+            assert json_of_error(done)["type"] == "PluginError"
+        else:
+            assert done.stdout == ""
         assert "Traceback" not in done.stderr
         assert done.stderr.startswith("hwlaunch: error: ")
         assert f"plugin 'acme' ({DISTRIBUTION} {VERSION}) failed to load" in done.stderr

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from hwlaunch._cells import Cell
 from hwlaunch.cli._options import setting_options
 from hwlaunch.contract import CONTRACT_VERSION
 from hwlaunch.executor_spec import CAPABILITIES
@@ -119,13 +120,14 @@ def _print_executors(console: Any, registry: Registry) -> None:
             f"max {e['max_nodes']} node(s)" if e["max_nodes"] else "",
             *(label for flag, label in CAPABILITIES.items() if e[flag]),
         ]
-        executors.add_row(
+        cells = (
             e["name"],
             f"{e['plugin']} ({e['distribution']} {e['version']})",
             e["executor"],
             ", ".join(x for x in limits if x) or "-",
             e["description"],
         )
+        executors.add_row(*(Cell(cell) for cell in cells))
     console.print(executors, markup=False)
 
 
@@ -147,33 +149,10 @@ def _print_plugins(console: Any, registry: Registry) -> None:
         console.print(f"  {hook}: {', '.join(names) or '-'}", markup=False)
 
 
-@click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-@click.option(
-    "--verbose", "-v", is_flag=True, help="Also list the executors, and each plugin's hooks."
-)
-def backends(as_json: bool, verbose: bool) -> None:
-    """List the registered backends, their rules and probes, and plugins that failed."""
-    registry = default_registry()
-    rows = backend_rows(registry)
-    if as_json:
-        payload: Any = (
-            {
-                "backends": rows,
-                "executors": executor_rows(registry),
-                "plugins": plugin_rows(registry),
-                "hook_order": registry.hook_order(),
-                "contract": CONTRACT_VERSION,
-            }
-            if verbose
-            else rows
-        )
-        click.echo(json.dumps(payload, indent=2))
-        return
-    from rich.console import Console
+def _print_backends(console: Any, rows: list[dict[str, Any]]) -> None:
+    """The backends table: one row per backend and per failed plugin."""
     from rich.table import Table
 
-    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
     table = Table(title="hwlaunch backends", title_justify="left")
     for column in (
         "backend",
@@ -190,7 +169,7 @@ def backends(as_json: bool, verbose: bool) -> None:
         table.add_column(column, overflow="fold")
     for row in rows:
         methods = row["start_methods"]
-        table.add_row(
+        cells = (
             row["name"] or "-",
             f"{row['plugin']} ({row['distribution']} {row['version']})",
             "yes" if row["available"] else "no",
@@ -204,13 +183,47 @@ def backends(as_json: bool, verbose: bool) -> None:
             row["ray_resource"] or "-",
             row["error"] or "",
         )
+        table.add_row(*(Cell(cell) for cell in cells))
     console.print(table, markup=False)
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option(
+    "--verbose", "-v", is_flag=True, help="Also list the executors, and each plugin's hooks."
+)
+def backends(as_json: bool, verbose: bool) -> None:
+    """List the registered backends, their rules and probes, and plugins that failed."""
+    registry = default_registry()
+    rows = backend_rows(registry)
+    if as_json:
+        for warning in registry.selection_warnings:
+            click.echo(f"warning: {warning}", err=True)
+        payload: Any = (
+            {
+                "backends": rows,
+                "executors": executor_rows(registry),
+                "plugins": plugin_rows(registry),
+                "hook_order": registry.hook_order(),
+                "contract": CONTRACT_VERSION,
+            }
+            if verbose
+            else rows
+        )
+        click.echo(json.dumps(payload, indent=2))
+        return
+    from rich.console import Console
+
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+    _print_backends(console, rows)
     console.print("[default start method in brackets]", markup=False)
     if verbose:
         _print_executors(console, registry)
         _print_plugins(console, registry)
     for skipped in registry.skipped:
         console.print(f"skipped plugin {skipped}", markup=False)
+    for warning in registry.selection_warnings:
+        console.print(f"warning: {warning}", markup=False, soft_wrap=True)
 
 
 @click.command()

@@ -28,7 +28,17 @@ DEFAULT_PROMPTS = (
 
 
 class RunCheckFailed(HwlaunchError):
-    """A check of the main job failed (wrong all-reduce sum, tokens that differ)."""
+    """A check of the main job failed (wrong all-reduce sum, tokens that differ); ``result``
+    is the job's report, for ``--json`` to print with the error."""
+
+    def __init__(self, message: str, result: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+def result_of(error: BaseException) -> dict[str, Any] | None:
+    """The job's report that came with a failed check, if any."""
+    return error.result if isinstance(error, RunCheckFailed) else None
 
 
 class GenerationWorker:
@@ -253,10 +263,13 @@ def check(result: dict[str, Any]) -> None:
     if not result["allreduce_ok"]:
         raise RunCheckFailed(
             f"all-reduce check failed: expected {result['allreduce']['expected']} on every rank, "
-            f"got {result['allreduce']['got']}"
+            f"got {result['allreduce']['got']}",
+            result,
         )
     if not result["matches_single_process"]:
-        raise RunCheckFailed("generated tokens differ from the single-process reference run")
+        raise RunCheckFailed(
+            "generated tokens differ from the single-process reference run", result
+        )
 
 
 def print_err(text: str) -> None:

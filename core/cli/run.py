@@ -54,6 +54,8 @@ def run(
         max_new_tokens=max_new_tokens,
         quiet=as_json,
     )
-    if reports:
-        click.echo(json.dumps(result, indent=2) if as_json else render(result))
-    check(result)
+    if reports and not as_json:
+        click.echo(render(result))
+    check(result)  # with --json, a failed check prints the report inside the error object
+    if reports and as_json:
+        click.echo(json.dumps(result, indent=2))

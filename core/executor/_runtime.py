@@ -7,13 +7,16 @@ worker behaves the same whichever executor hosts it.
 from __future__ import annotations
 
 import importlib
+import io
+import marshal
 import pickle
 import sys
 import traceback
 import types
+from collections import ChainMap
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import cloudpickle
 
@@ -52,6 +55,32 @@ def import_object(path: str) -> Any:
     return obj
 
 
+def _code_with_its_file(code: types.CodeType) -> tuple[Any, tuple[bytes]]:
+    """A code object whole, as marshal (and every ``.pyc``) keeps it."""
+    return marshal.loads, (marshal.dumps(code),)
+
+
+class _ByValuePickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, except that code objects keep their file name.
+
+    Why: cloudpickle replaces every ``co_filename`` with ``"<dynamic-code>"`` (for payloads that
+    do not depend on where a function was defined), so a remote traceback of a function sent by
+    value could not say which file and line raised. Workers run the caller's Python version, so
+    marshal's format is theirs too.
+    """
+
+    dispatch_table: ClassVar[ChainMap[Any, Any]] = ChainMap(
+        {types.CodeType: _code_with_its_file}, cloudpickle.Pickler.dispatch_table
+    )
+
+
+def by_value(obj: Any) -> bytes:
+    """``obj`` pickled by value (functions and classes of scripts and notebooks included)."""
+    buffer = io.BytesIO()
+    _ByValuePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
 def encode_extension(extension: WorkerExtension) -> bytes | str | None:
     """Classes travel by value (cloudpickle), so a class defined in a script or notebook works."""
     if extension is None or isinstance(extension, str):
@@ -60,7 +89,7 @@ def encode_extension(extension: WorkerExtension) -> bytes | str | None:
         raise TypeError(
             f"worker_extension must be a class or 'package.module:ClassName', got {extension!r}"
         )
-    return bytes(cloudpickle.dumps(extension))
+    return by_value(extension)
 
 
 def worker_class(plan: Plan, extension: bytes | str | None) -> type[Worker]:
@@ -109,7 +138,7 @@ def encode_method(method: str | Callable[..., Any]) -> str | bytes:
         return method
     if not callable(method):
         raise TypeError(f"method must be a worker method name or a callable, got {method!r}")
-    return bytes(cloudpickle.dumps(method))
+    return by_value(method)
 
 
 def method_label(method: str | Callable[..., Any]) -> str:

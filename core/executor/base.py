@@ -28,6 +28,7 @@ from hwlaunch.errors import (
     WorkerError,
     WorkerStartupError,
 )
+from hwlaunch.executor._arguments import check_call, check_timeout
 from hwlaunch.executor._background import BackgroundCalls
 from hwlaunch.executor._runtime import (
     Failure,
@@ -170,9 +171,11 @@ class Executor(ABC):
         other calls. Without restarts it changes nothing.
         """
         del setup  # recorded by the restart controller (executor.restart), which wraps this one
+        method, args, keywords = check_call(method, args, kwargs)
+        timeout = check_timeout(timeout)
         if unique_reply_rank is not None:
             self._check_reply_rank(unique_reply_rank)
-        request: Request = (encode_method(method), tuple(args), dict(kwargs or {}))
+        request: Request = (encode_method(method), args, keywords)
         label = method_label(method)
 
         if non_block:

@@ -6,6 +6,7 @@ import warnings
 from typing import Any
 
 from hwlaunch.errors import PluginError
+from hwlaunch.executor._preflight import check_extension_path, refuse_imagined_machine
 from hwlaunch.executor.base import Executor, StatusCallback
 from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.plan import Plan
@@ -28,7 +29,11 @@ def launch(
     the caller's line. A caller that passes a plan has seen it: the warnings stay in
     ``plan.warnings`` and ``executor.warnings``, for it to show. ``worker_extension`` (a class,
     or ``"package.module:ClassName"``) is mixed into the backend's worker class, so its methods
-    can be called by name through ``collective_rpc``.
+    can be called by name through ``collective_rpc``; a path is checked here first (the
+    module found, the class in its source), without running it.
+
+    A plan made with assumed facts that this machine lacks (a device, a start method, a
+    launcher) is refused before any process starts: it describes another machine.
     """
     resolved_here = plan is None
     if plan is None:
@@ -41,6 +46,8 @@ def launch(
         raise TypeError(
             f"launch() got a plan and resolve() keywords {sorted(resolve_keywords)}; pass one or the other"
         )
+    refuse_imagined_machine(plan)
+    check_extension_path(worker_extension)
     executor = _start(plan, worker_extension, init_distributed, startup_timeout, on_status)
     if plan.facts is not None:
         from hwlaunch.planning.mainguard import note_launch

@@ -22,15 +22,20 @@ from typing import Any, TypeVar
 import pluggy
 
 from hwlaunch import contract, hookspecs
-from hwlaunch._checks import parse_truthy, unknown_name_message
-from hwlaunch._discovery import ENV_ALLOW, ENV_BLOCK, OWN_DISTRIBUTION, selected_entry_points
+from hwlaunch._checks import (
+    FALSE_WORDS,
+    TRUE_WORDS,
+    did_you_mean,
+    parse_truthy,
+    unknown_name_message,
+)
+from hwlaunch._discovery import ENV_ALLOW, ENV_BLOCK, ENV_STRICT, OWN_DISTRIBUTION, select_plugins
 from hwlaunch._hooks import call_plugin_hook, wrapper_hooks
-from hwlaunch.errors import BackendUnavailableError, PluginError
+from hwlaunch.errors import BackendUnavailableError, ConfigError, PluginError
 from hwlaunch.executor_spec import ExecutorSpec
-from hwlaunch.spec import BackendSpec
+from hwlaunch.spec import BackendSpec, backend_aliases
 
 __all__ = ["ENV_ALLOW", "ENV_BLOCK", "ENV_STRICT", "OWN_DISTRIBUTION", "Registry", "load_registry"]
-ENV_STRICT = "HWLAUNCH_STRICT_PLUGINS"
 T = TypeVar("T")
 CONTRACT_ATTRIBUTE = "HWLAUNCH_CONTRACT"  # a plugin module's declared contract, if it has no spec
 HOOKS = (
@@ -93,6 +98,8 @@ class Registry:
     plugins: list[PluginRecord] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     manager: pluggy.PluginManager | None = None
+    excluded: dict[str, str] = field(default_factory=dict)  # entry-point name -> variable
+    selection_warnings: list[str] = field(default_factory=list)
 
     def hook_impls(self, hook: str) -> list[Any]:
         """pluggy's HookImpl of each loaded plugin implementing ``hook``, in the order pluggy
@@ -129,25 +136,57 @@ class Registry:
         """The spec named ``name``; a KeyError-like error lists the known names otherwise."""
         if name in self.backends:
             return self.backends[name].spec
-        raise BackendUnavailableError(unknown_name_message("backend", name, self.backends))
+        raise BackendUnavailableError(self.unknown_backend(name))
+
+    def unknown_backend(self, name: str, source: str = "") -> str:
+        """Why ``name`` is no registered backend: a plugin of that name that the plugin
+        variables excluded is named as such, else the known names and a did-you-mean."""
+        if name in self.excluded and name not in self.backends:
+            variable = self.excluded[name]
+            fix = (
+                f"remove it from {ENV_BLOCK}"
+                if variable == ENV_BLOCK
+                else f"add it to {ENV_ALLOW} (or unset {ENV_ALLOW} to load every plugin)"
+            )
+            where = f" from {source}" if source else ""
+            return f"backend {name!r}{where} is installed but excluded by {variable}. Fix: {fix}"
+        return unknown_name_message("backend", name, self.backends, backend_aliases(self.specs))
 
 
-def _strict_from_env(environ: Mapping[str, str]) -> bool:
-    return parse_truthy(environ.get(ENV_STRICT, "")) is True
+def strict_from_env(environ: Mapping[str, str]) -> bool:
+    """Whether ``HWLAUNCH_STRICT_PLUGINS`` asks for strict mode; a value that is no yes or no
+    word is an error rather than a silent "off"."""
+    raw = environ.get(ENV_STRICT, "")
+    if not raw.strip():
+        return False
+    value = parse_truthy(raw)
+    if value is None:
+        raise ConfigError(
+            f"invalid {ENV_STRICT} {raw!r} from env {ENV_STRICT}"
+            f"{did_you_mean(raw.strip(), (*TRUE_WORDS, *FALSE_WORDS))} (allowed: "
+            f"{', '.join(TRUE_WORDS)} to make every plugin failure an error; "
+            f"{', '.join(FALSE_WORDS)}, empty or unset to skip failed plugins; any case)"
+        )
+    return value
 
 
 def load_registry(environ: Mapping[str, str] | None = None, strict: bool | None = None) -> Registry:
     """Discover, filter and load every plugin of the entry-point group."""
     env = os.environ if environ is None else environ
-    strict = _strict_from_env(env) if strict is None else strict
+    strict = strict_from_env(env) if strict is None else strict
     manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
-    selected, skipped = selected_entry_points(env)
-    registry = Registry(skipped=skipped, manager=manager)
+    selection = select_plugins(env)
+    registry = Registry(
+        skipped=[f"{name} (excluded by {why})" for name, why in selection.excluded.items()],
+        manager=manager,
+        excluded=dict(selection.excluded),
+        selection_warnings=list(selection.unmatched),
+    )
     # importlib.metadata already lists a distribution once even when sys.path shows it twice,
     # so two entry points with one name come from two distributions: report, never drop one.
     by_name: dict[str, PluginRecord] = {}
-    for ep in selected:
+    for ep in selection.chosen:
         if ep.name in by_name:
             record = _failed(_record_of(ep), _name_clash(by_name[ep.name], _record_of(ep)))
         else:
@@ -158,13 +197,21 @@ def load_registry(environ: Mapping[str, str] | None = None, strict: bool | None 
             warnings.warn(
                 f"{record.describe()}: {text}", contract.HwlaunchDeprecationWarning, stacklevel=2
             )
-        if record.error is not None and strict:
-            raise PluginError(
-                f"{record.describe()} failed to load: {record.error}. This is an error because "
-                f"{ENV_STRICT} is set; unset it to skip the plugin, or block it with "
-                f"{ENV_BLOCK}={record.name}"
-            )
+    if strict and registry.failures:
+        raise PluginError(_strict_failure(registry.failures))
     return registry
+
+
+def _strict_failure(failures: list[PluginRecord]) -> str:
+    """Every plugin that failed, each with its reason, and how to get past them."""
+    names = ",".join(dict.fromkeys(p.name for p in failures))
+    reasons = "; ".join(f"{p.describe()} failed to load: {p.error}" for p in failures)
+    them = "them" if len(failures) > 1 else "it"
+    count = f"{len(failures)} plugins failed to load: " if len(failures) > 1 else ""
+    return (
+        f"{count}{reasons}. This is an error because {ENV_STRICT} is set; unset it to skip "
+        f"the failed plugins, or block {them} with {ENV_BLOCK}={names}"
+    )
 
 
 def _record_of(ep: EntryPoint) -> PluginRecord:
@@ -317,7 +364,7 @@ def _hook_problem(ep: EntryPoint, hooks: tuple[str, ...]) -> str | None:
         close = difflib.get_close_matches(name, HOOKS, n=1)
         parts.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
     if not known:
-        found = f"; it has {', '.join(parts)}: a misspelling?" if parts else ""
+        found = f"; it has {', '.join(parts)}, which looks misspelt" if parts else ""
         return (
             f"{ep.value!r} implements no hwlaunch hook{found}. Define at least one of "
             f"{', '.join(HOOKS)}, decorated with @hwlaunch.hookimpl"
@@ -360,7 +407,7 @@ def default_registry() -> Registry:
     key = (
         os.environ.get(ENV_ALLOW),
         os.environ.get(ENV_BLOCK),
-        _strict_from_env(os.environ),
+        strict_from_env(os.environ),
         hash(tuple(sys.path)),
     )
     if key not in _cached:

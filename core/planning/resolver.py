@@ -10,13 +10,13 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from hwlaunch._checks import parse_truthy
+from hwlaunch.errors import BackendUnavailableError
 from hwlaunch.plan import Plan
 from hwlaunch.planning import settings
 from hwlaunch.planning._config import collect_overrides
 from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.planning.policy import adjust
-from hwlaunch.planning.registry import ENV_STRICT, Registry, default_registry
+from hwlaunch.planning.registry import Registry, default_registry, strict_from_env
 from hwlaunch.planning.rules import decide
 from hwlaunch.planning.settings import Sourced
 
@@ -47,9 +47,13 @@ def resolve_with_sources(
         f"{p.describe()} failed to load: {p.error} (see `hwlaunch backends`)"
         for p in registry.failures
     ]
+    problems += registry.selection_warnings + settings.unknown_variables(os.environ)
+    requested = overrides.lookup("backend")
+    if requested is not None and requested.value in set(registry.excluded) - set(specs):
+        raise BackendUnavailableError(registry.unknown_backend(requested.value, requested.source))
     plan = decide(specs, facts, overrides, problems, registry.executor_specs)
     # The plugins' part, after the pure rules: their hooks are plugin code (policy.adjust).
-    strict = parse_truthy(os.environ.get(ENV_STRICT, "")) is True
+    strict = strict_from_env(os.environ)
     return adjust(plan, registry, specs[plan.backend], overrides, os.environ, strict)
 
 

@@ -19,7 +19,7 @@ from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
 from hwlaunch.runtime_facts import RuntimeFacts
-from hwlaunch.spec import BackendSpec
+from hwlaunch.spec import BackendSpec, backend_aliases
 
 __all__ = ["decide"]
 
@@ -172,7 +172,7 @@ def _requested_backend(
 ) -> BackendSpec:
     if chosen.value not in specs:
         raise BackendUnavailableError(
-            f"{unknown_name_message('backend', chosen.value, specs)} from "
+            f"{unknown_name_message('backend', chosen.value, specs, backend_aliases(specs))} from "
             f"{chosen.source}; `hwlaunch backends` lists them and any plugin that failed"
         )
     spec, facts = specs[chosen.value], notes.facts

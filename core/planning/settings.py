@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from hwlaunch._checks import did_you_mean
+from hwlaunch._checks import closest, did_you_mean
+from hwlaunch._discovery import PLUGIN_VARIABLES
 from hwlaunch.channels import DEFAULT_RPC_CHANNEL, RPC_CHANNELS
 from hwlaunch.errors import ConfigError
 from hwlaunch.spec import START_METHODS
@@ -34,6 +35,7 @@ __all__ = [
     "parse_setting",
     "read_environment",
     "sources",
+    "unknown_variables",
 ]
 
 T = TypeVar("T")
@@ -231,6 +233,32 @@ def read_environment(environ: Mapping[str, str]) -> dict[str, Sourced[Any]]:
         if raw.strip():
             source = f"env {setting.env_var}"
             found[setting.name] = Sourced(parse_setting(setting.name, raw, source), source)
+    return found
+
+
+ENV_PREFIX = "HWLAUNCH_"
+
+
+def known_variables() -> tuple[str, ...]:
+    """Every ``HWLAUNCH_*`` variable hwlaunch reads: one per setting, the config file, and the
+    plugin selection variables."""
+    return (*ENV_VARS.values(), ENV_CONFIG, *PLUGIN_VARIABLES)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ``HWLAUNCH_*`` variable (any case) that hwlaunch does not read: a
+    misspelt one would otherwise be ignored without a word."""
+    known = known_variables()
+    found = []
+    for name in sorted(environ):
+        if name.upper().startswith(ENV_PREFIX) and name not in known:
+            # Compared without the shared prefix, which would make every name look close.
+            meant = closest(name[len(ENV_PREFIX) :], [k[len(ENV_PREFIX) :] for k in known])
+            hint = f"; did you mean {ENV_PREFIX + meant}?" if meant else ""
+            found.append(
+                f"environment variable {name} is not one hwlaunch reads, so it is ignored"
+                f"{hint} (known: {', '.join(sorted(known))})"
+            )
     return found
 
 

@@ -292,6 +292,7 @@ class BackendConformance:
                 "main_guard": main_guard,
                 "in_ray_actor": False,
                 "daemonic": False,
+                "threads": "none",
             }
         )
 

@@ -10,6 +10,12 @@ import os
 import time
 from pathlib import Path
 
+
+class X:
+    """The class the tests name (``hwl_ext_broken:X``): the driver finds it in the source, and
+    the workers' import fails before they can use it."""
+
+
 markers = Path(os.environ["HWL_TEST_MARKERS"])
 (markers / f"pid-{os.getpid()}").touch()
 deadline = time.monotonic() + 60

@@ -1,7 +1,10 @@
-"""A plugin whose device is absent here (tested with assumed facts), bound job-wide: every
-worker sees the job's devices and selects its local rank (as oneCCL needs)."""
+"""A plugin whose device is absent here (tested with assumed facts, or emulated: its probes
+count WIDENPU_EMULATED_DEVICES devices), bound job-wide: every worker sees the job's devices and
+selects its local rank (as oneCCL needs)."""
 
 from __future__ import annotations
+
+import os
 
 from hwlaunch import BackendSpec, Register, StartMethodRule, hookimpl
 
@@ -13,8 +16,8 @@ def hwlaunch_register_backends(register: Register) -> None:
             name="widenpu",
             device_type="widenpu",
             priority=40,
-            is_available=lambda: False,
-            device_count=lambda: 0,
+            is_available=lambda: _emulated() > 0,
+            device_count=_emulated,
             is_initialized=lambda: False,
             start_methods=StartMethodRule(allowed=("spawn",), default="spawn"),
             dist_backend="gloo",
@@ -24,3 +27,7 @@ def hwlaunch_register_backends(register: Register) -> None:
             propagate_env=("WIDE_*",),
         )
     )
+
+
+def _emulated() -> int:
+    return int(os.environ.get("WIDENPU_EMULATED_DEVICES", "0"))
