@@ -20,6 +20,11 @@ class ConfigError(HwlaunchError):
     exit_code = 2
 
 
+class NotPicklableError(ConfigError):
+    """What a worker starts with (the worker extension, the plan) cannot be pickled; the
+    message names the object and the attribute path that fails, before any process starts."""
+
+
 class PluginError(HwlaunchError):
     """A backend plugin failed to load or registered an invalid BackendSpec."""
 

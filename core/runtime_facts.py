@@ -30,10 +30,12 @@ class MainGuard:
 
     ``guarded``: the child re-runs the main module, and the running line (and every earlier
     launch of this process) is inside a main guard. ``unguarded``: the re-run reaches a launch
-    (``file:line``). ``no-main-file``: the child re-runs nothing. ``not-reimportable``: the
-    child would try to re-run a main it cannot read (code from stdin). ``reimporting``: this
+    (``file:line``). ``no-main-file``: the child re-runs nothing (also code read from stdin,
+    which hwlaunch's workers do not re-run). ``not-reimportable``: the child would try to
+    re-run a main it cannot read (a ``__file__`` that does not exist). ``reimporting``: this
     process *is* such a child, re-running ``__main__``. ``unknown``: the re-run cannot be
-    analysed (a ``.pyc`` without source, a loader without source).
+    analysed (a loader without source). A ``.pyc`` without its source is read from its
+    bytecode.
     """
 
     status: MainGuardStatus
@@ -165,9 +167,10 @@ class ThreadInfo:
 @dataclass(frozen=True)
 class ThreadFacts:
     """The threads a forked child would not have: every thread of this process but the calling
-    one and hwlaunch's own (named ``hwlaunch-*``, which only wait in poll or recv and hold no
-    lock a child needs). ``free_threaded``: the interpreter runs without a GIL
-    (``sys._is_gil_enabled()`` is False), so Python threads run truly at once. ``source``:
+    one and hwlaunch's own (``planning.threads.OWN_THREADS``: monitors and call threads that
+    only wait in poll or recv and hold no lock a child needs). ``free_threaded``: the
+    interpreter runs without a GIL (``sys._is_gil_enabled()`` is False), so Python threads run
+    truly at once. ``source``:
     where the threads were read (``/proc/self/task``, or ``threading`` where /proc is absent,
     which sees Python threads only)."""
 

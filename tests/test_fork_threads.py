@@ -303,3 +303,25 @@ def test_a_parent_with_a_live_python_thread_may_still_ask_for_fork(tmp_path: Pat
     seen = run_program(tmp_path, THREADED_PARENT, "fork")
     assert seen["method"] == "fork" and seen["ranks"] == [0, 1]
     assert any(w.startswith("fork was requested") and "'my-poller'" in w for w in seen["warnings"])
+
+
+REFUSED = """
+import json, sys
+import torch, hwlaunch
+
+if __name__ == "__main__":
+    x = torch.randn(256, 256); float((x @ x).sum())  # torch's OpenMP pool starts
+    plan = hwlaunch.resolve(world_size=2, backend="cpu", assume={"threads": "none"})
+    try:
+        hwlaunch.launch(plan)
+    except hwlaunch.ConfigError as exc:
+        print(json.dumps({"method": plan.start_method, "error": str(exc)}))
+"""
+
+
+def test_a_plan_that_assumed_away_a_started_openmp_pool_is_not_launched(tmp_path: Path) -> None:
+    need_two_cpus()
+    seen = run_program(tmp_path, REFUSED)
+    assert seen["method"] == "fork"
+    assert "threads (assumed no other threads; this process has" in seen["error"]
+    assert "OpenMP pool" in seen["error"] and "forked workers would hang" in seen["error"]

@@ -90,9 +90,9 @@ def module(source: str) -> Callable[[Path], tuple[list[str], str | None]]:
     return lambda d: (write(d / "main.py", source) and ["-m", "main"], None)
 
 
-def pyc(keep_source: bool) -> Callable[[Path], tuple[list[str], str | None]]:
+def pyc(keep_source: bool, text: str = GUARDED) -> Callable[[Path], tuple[list[str], str | None]]:
     def prepare(d: Path) -> tuple[list[str], str | None]:
-        source = write(d / "main.py", GUARDED)
+        source = write(d / "main.py", text)
         py_compile.compile(str(source), cfile=str(d / "main.pyc"), doraise=True)
         if not keep_source:
             source.unlink()
@@ -153,7 +153,13 @@ SHAPES = [
     Shape("script-guarded", script(GUARDED), OK),
     Shape("script-unguarded", script(UNGUARDED), REFUSED, "starts workers at module level"),
     Shape("pyc-with-source", pyc(keep_source=True), OK),
-    Shape("pyc-without-source", pyc(keep_source=False), REFUSED, "bytecode without its source"),
+    Shape("pyc-without-source-guarded", pyc(keep_source=False), OK),
+    Shape(
+        "pyc-without-source-unguarded",
+        pyc(keep_source=False, text=UNGUARDED),
+        REFUSED,
+        "main.pyc:",
+    ),
     Shape("module-guarded", module(GUARDED), OK),
     Shape("module-unguarded", module(UNGUARDED), REFUSED, "main.py:"),
     Shape("package-main-unguarded", package, OK),
@@ -162,8 +168,8 @@ SHAPES = [
     Shape("zip-module-guarded", zip_module(GUARDED), OK),
     Shape("zip-module-unguarded", zip_module(UNGUARDED), REFUSED, "lib.zip/zipmain.py:"),
     Shape("dash-c", lambda d: (["-c", UNGUARDED], None), OK),
-    Shape("stdin-dash", lambda d: (["-"], UNGUARDED), REFUSED, "code read from stdin"),
-    Shape("stdin-redirect", lambda d: ([], UNGUARDED), REFUSED, "code read from stdin"),
+    Shape("stdin-dash", lambda d: (["-"], UNGUARDED), OK),
+    Shape("stdin-redirect", lambda d: ([], UNGUARDED), OK),
     Shape("interactive", interactive, OK),
     Shape("runpy-run-path-unguarded", runpy_path, REFUSED, "inner.py:"),
     Shape("runpy-run-module-from-guarded-runner", runpy_module, OK),
@@ -282,8 +288,9 @@ def test_workers_hand_main_functions_to_their_own_pools(tmp_path: Path) -> None:
 
 
 def test_unguarded_script_whose_worker_starts_a_spawn_pool(tmp_path: Path) -> None:
-    """The forked worker's spawned Pool children would re-run the module-level launch: a fork
-    Pool works, a spawn or forkserver Pool fails at once with the reason (no hang, no rerun)."""
+    """The forked worker's spawned Pool children must not re-run the module-level launch, so
+    they cannot have ``__main__.square``: a fork Pool works, a spawn or forkserver Pool of it
+    fails at once naming it (no hang, no rerun; tests/test_worker_children.py has the rest)."""
     source = (
         DEFS
         + POOLS
@@ -305,5 +312,6 @@ def test_unguarded_script_whose_worker_starts_a_spawn_pool(tmp_path: Path) -> No
     for _, _, outcome, kind, text in refused:
         assert (outcome, kind) == ("error", "WorkerError"), text
         assert "MissingMainGuardError" in text
-        assert "would re-run __main__, which reaches" in text and "main.py:" in text, text
+        assert "square is defined in __main__, which a spawn or forkserver child" in text, text
+        assert "must not re-run __main__, which reaches" in text and "main.py:" in text, text
         assert "get_context('fork')" in text

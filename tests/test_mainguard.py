@@ -199,10 +199,11 @@ def test_no_main_file(tmp_path: Path, args: list[str], stdin: str | None, detail
     assert result == {"status": "no-main-file", "file": None, "line": None, "detail": detail}
 
 
-def test_code_from_stdin_cannot_be_reimported(tmp_path: Path) -> None:
-    """``python -`` sets ``__file__`` to ``<stdin>``: a spawned child would run ``<cwd>/<stdin>``."""
+def test_code_from_stdin_needs_no_reimport(tmp_path: Path) -> None:
+    """``python -`` sets ``__file__`` to ``<stdin>``: CPython's child would run ``<cwd>/<stdin>``
+    and die, but hwlaunch's workers re-run nothing of it (as for ``-c``)."""
     result = run(tmp_path, ["-"], "import probe\nprobe.detect()\n")
-    assert result["status"] == "not-reimportable"
+    assert result["status"] == "no-main-file"
     assert result["file"] == os.path.join(str(tmp_path), "<stdin>")
     assert "code read from stdin" in result["detail"]
 
@@ -293,12 +294,19 @@ def test_main_in_a_zip_file(tmp_path: Path, source: str) -> None:
     assert "__main__ is __main__, which multiprocessing never re-runs" in result["detail"]
 
 
-def test_main_without_source_is_unknown(tmp_path: Path) -> None:
-    """A sourceless (compiled-only) main, the closest stand-in for a frozen one."""
-    path = script(tmp_path, GUARDED)
+@pytest.mark.parametrize(("source", "status"), [(GUARDED, "guarded"), (UNGUARDED, "unguarded")])
+def test_main_without_source_is_read_from_its_bytecode(
+    tmp_path: Path, source: str, status: str
+) -> None:
+    """A sourceless (compiled-only) main: the child re-runs the bytecode, which ``dis`` reads."""
+    path = script(tmp_path, source)
     py_compile.compile(str(path), cfile=str(tmp_path / "app.pyc"), doraise=True)
     path.unlink()
-    assert run(tmp_path, ["app.pyc"])["status"] == "unknown"
+    result = run(tmp_path, ["app.pyc"])
+    line = 1 + next(n for n, text in enumerate(source.splitlines()) if MARK in text)
+    assert (result["status"], result["line"]) == (status, line), result
+    assert result["file"] == str(tmp_path / "app.pyc")
+    assert "read from the bytecode of app.pyc (its source" in result["detail"]
 
 
 def test_main_file_with_coding_declaration(tmp_path: Path) -> None:

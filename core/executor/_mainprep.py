@@ -4,8 +4,11 @@ Why: once workers were launched at module level, outside a main guard, any later
 forkserver child of this process (a ``multiprocessing.Pool``, a DataLoader, a compile pool, in
 the program or inside a forked worker) re-runs ``__main__`` and reaches that launch again. The
 child then dies during start-up, and a Pool replaces it for ever: a hang with a screen of
-tracebacks. Refusing at the moment CPython's ``spawn.get_preparation_data`` reads
-``__main__.__spec__`` turns that into one clear error in the process that starts the child.
+tracebacks. From then on, CPython's ``spawn.get_preparation_data`` is shown a ``__main__``
+without ``__spec__`` and ``__file__``, so such a child re-runs nothing: one that runs an
+importable function works (a DataLoader, a Pool of a module's functions: Python 3.14's default
+forkserver), and one that needs a function or class of ``__main__``, which it would not have,
+fails at once, in the process that starts it, with one clear error naming it.
 
 Also here: hwlaunch's own spawn/forkserver workers re-import ``__main__`` themselves, inside the
 worker's start-up handshake, instead of in CPython's ``spawn.prepare()``. Why: ``prepare()``
@@ -25,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.process
 import multiprocessing.spawn
+import os
 import sys
 import threading
 import types
@@ -32,8 +36,10 @@ from collections.abc import Iterator
 from typing import Any
 
 from hwlaunch.errors import MissingMainGuardError
+from hwlaunch.executor._main_refs import main_global_in, main_reference
 
 _REASON = "__hwlaunch_reimport_refused__"
+STDIN = "<stdin>"  # the file name CPython gives code read from stdin
 _MAIN_ENTRIES = ("init_main_from_name", "init_main_from_path")
 
 # The process name whose main entries get_preparation_data must not see, per thread.
@@ -43,31 +49,87 @@ _hook_users = 0  # starts in progress that need the hooked class on __main__
 _hook_added = False  # the class was plain ModuleType before the first of them
 
 
+def _preparing(caller: types.FrameType) -> bool:
+    """Is ``caller`` CPython's ``get_preparation_data``, telling a child what to re-run?"""
+    return (
+        caller.f_code.co_name == "get_preparation_data"
+        and caller.f_globals.get("__name__") == "multiprocessing.spawn"
+    )
+
+
 def _withholding_for(caller: types.FrameType) -> bool:
     """Is ``caller`` get_preparation_data preparing the process this thread withholds for?"""
     name = getattr(_withheld, "name", None)
+    return name is not None and _preparing(caller) and caller.f_locals.get("name") == name
+
+
+def _check_child(caller: types.FrameType, reason: tuple[str, str]) -> None:
+    """The child being started re-runs nothing of ``__main__``: refuse it if it needs a
+    function or class from there, and check a Pool's tasks as they are sent.
+
+    The process object is that of CPython's ``Popen._launch(process_obj)`` (spawn and
+    forkserver), which calls ``get_preparation_data``; the fork server's own start has none.
+    """
+    launching = caller.f_back
+    process = launching.f_locals.get("process_obj") if launching is not None else None
+    if process is None:
+        return
+    target = getattr(process, "_target", None)
+    args, kwargs = getattr(process, "_args", ()), getattr(process, "_kwargs", {})
+    needed = main_reference((target, args, kwargs))
+    if needed is not None:
+        raise MissingMainGuardError(_needs_main(needed, reason))
+    pool_worker = (getattr(target, "__module__", None), getattr(target, "__name__", None))
+    if pool_worker == ("multiprocessing.pool", "worker") and args:
+        _check_tasks(args[0], reason)
+
+
+def _check_tasks(inqueue: Any, reason: tuple[str, str]) -> None:
+    """Make the Pool's task pipe refuse a task that refers to ``__main__``.
+
+    The Pool's task thread catches the error and fails that task's result with it (``map``
+    raises it), where the child would have died unpickling it and the Pool waited for ever.
+    """
+    writer = getattr(inqueue, "_writer", None)
+    if writer is None or getattr(writer, "_hwlaunch_checked", False):
+        return
+    send_bytes = writer._send_bytes
+
+    def send_checked(buf: Any) -> None:
+        needed = main_global_in(bytes(buf))
+        if needed is not None:
+            raise MissingMainGuardError(_needs_main(needed, reason))
+        send_bytes(buf)
+
+    writer._send_bytes = send_checked
+    writer._hwlaunch_checked = True
+
+
+def _needs_main(name: str, reason: tuple[str, str]) -> str:
+    why, fix = reason
     return (
-        name is not None
-        and caller.f_code.co_name == "get_preparation_data"
-        and caller.f_globals.get("__name__") == "multiprocessing.spawn"
-        and caller.f_locals.get("name") == name
+        f"{name} is defined in __main__, which a spawn or forkserver child started here does "
+        f"not have: {why}. Fix: move {name} into a module the child can import{fix}, or start "
+        "this child with multiprocessing.get_context('fork')"
     )
 
 
 class _RefusingMain(types.ModuleType):
     """A ``__main__`` that answers multiprocessing's preparation differently; others see it as is.
 
-    Reading ``__spec__`` from ``multiprocessing.spawn`` raises once a re-import was refused
-    (:func:`refuse_reimport`); while one of hwlaunch's workers starts, ``__spec__`` and
-    ``__file__`` read as absent by that worker's ``get_preparation_data`` only.
+    Once a re-import was refused (:func:`refuse_reimport`), ``get_preparation_data`` sees no
+    ``__spec__`` or ``__file__`` (the child re-runs nothing), after checking that the child
+    needs nothing of ``__main__``; while one of hwlaunch's workers starts, that worker's
+    ``get_preparation_data`` only sees them as absent.
     """
 
     @property
     def __spec__(self) -> Any:
         caller = sys._getframe(1)
         if caller.f_globals.get("__name__") == "multiprocessing.spawn":
-            if _REASON in self.__dict__:
-                raise MissingMainGuardError(self.__dict__[_REASON])
+            if _REASON in self.__dict__ and _preparing(caller):
+                _check_child(caller, self.__dict__[_REASON])
+                return None
             if _withholding_for(caller):
                 return None
         return self.__dict__.get("__spec__")
@@ -82,7 +144,8 @@ class _RefusingMain(types.ModuleType):
 
     @property
     def __file__(self) -> Any:
-        if _withholding_for(sys._getframe(1)):
+        caller = sys._getframe(1)
+        if _withholding_for(caller) or (_REASON in self.__dict__ and _preparing(caller)):
             return None
         try:
             return self.__dict__["__file__"]
@@ -145,9 +208,14 @@ def reimport_main(entry: tuple[str, str]) -> None:
     """In the worker: what ``spawn.prepare()`` was kept from doing, done the same way.
 
     ``_inheriting`` is set as during ``prepare()``, so a launch at the program's top level meets
-    the same check (multiprocessing's bootstrapping error, hwlaunch's re-import error).
+    the same check (multiprocessing's bootstrapping error, hwlaunch's re-import error). Code
+    read from stdin is left alone: ``prepare()`` would die trying to run ``<cwd>/<stdin>``, and
+    what the worker needs of it (the extension class, the callables) travels by value.
     """
     key, value = entry
+    if key == "init_main_from_path" and os.path.basename(value) == STDIN:
+        refuse_stdin_reimport()  # this worker's own children cannot re-run it either
+        return  # the extension and the callables come by value
     process: Any = multiprocessing.process.current_process()
     process._inheriting = True
     try:
@@ -160,16 +228,26 @@ def reimport_main(entry: tuple[str, str]) -> None:
 
 
 def refuse_reimport(where: str) -> None:
-    """From now on, starting a spawn/forkserver child in this process raises, naming ``where``."""
+    """From now on, spawn/forkserver children started in this process re-run no ``__main__``
+    (it reaches the launch at ``where``); one that needs a function or class of ``__main__``
+    is refused, naming it (see :func:`_check_child`)."""
+    _refuse(
+        f"the child must not re-run __main__, which reaches {where} outside "
+        '`if __name__ == "__main__":` and would launch the workers again',
+        ', put the launch under `if __name__ == "__main__":`',
+    )
+
+
+def refuse_stdin_reimport() -> None:
+    """As :func:`refuse_reimport`, for a program read from stdin, which no child can re-run:
+    CPython's child would die trying to run ``<cwd>/<stdin>`` (a Pool then waits for ever)."""
+    _refuse("__main__ is code read from stdin, which the child cannot re-run", "")
+
+
+def _refuse(why: str, fix: str) -> None:
     main = sys.modules.get("__main__")
     if main is None or type(main) not in (types.ModuleType, _RefusingMain):
         return  # a custom module class (IPython's): leave it alone
-    main.__dict__[_REASON] = (
-        f"a spawn or forkserver child started here would re-run __main__, which reaches "
-        f'{where} outside `if __name__ == "__main__":` and would launch the workers again (the '
-        "child would die while starting, and a Pool would wait for ever). Fix: put the launch "
-        'under `if __name__ == "__main__":`, or start this child with '
-        "multiprocessing.get_context('fork')"
-    )
+    main.__dict__[_REASON] = (why, fix)
     with _hook_lock:
         main.__class__ = _RefusingMain

@@ -55,7 +55,7 @@ def _device_claims(plan: Plan) -> list[str]:
 
 
 def _process_claims(plan: Plan) -> list[str]:
-    """The assumed start methods and launcher, where this process differs."""
+    """The assumed start methods, threads and launcher, where this process differs."""
     from hwlaunch.planning.launchers import detect_launcher
 
     assert plan.facts is not None
@@ -66,6 +66,15 @@ def _process_claims(plan: Plan) -> list[str]:
             f"start_methods (assumed {','.join(plan.facts.os_start_methods)}; this OS offers "
             f"{','.join(offered)}, not {plan.start_method})"
         )
+    if "threads" in plan.facts.assumed and plan.start_method == "fork":
+        from hwlaunch.planning.threads import probe_threads
+
+        probed = probe_threads()
+        if probed.openmp and not plan.facts.threads.openmp:
+            claims.append(
+                f"threads (assumed {plan.facts.threads.summary()}; this process has "
+                f"{probed.summary()}, and forked workers would hang)"
+            )
     if "launcher" in plan.facts.assumed and plan.facts.launcher.detected:
         here = detect_launcher().launcher
         if here != plan.facts.launcher.launcher:

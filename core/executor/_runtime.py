@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
+from hwlaunch.executor._picklecheck import check_picklable
 from hwlaunch.executor._setup import run_worker_setup
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
@@ -82,14 +83,30 @@ def by_value(obj: Any) -> bytes:
 
 
 def encode_extension(extension: WorkerExtension) -> bytes | str | None:
-    """Classes travel by value (cloudpickle), so a class defined in a script or notebook works."""
+    """Classes travel by value (cloudpickle), so a class defined in a script or notebook works.
+
+    One that does not pickle (a lock as a class attribute, a method that reads a module-level
+    lock) fails here, in the caller, naming the attribute (NotPicklableError).
+    """
     if extension is None or isinstance(extension, str):
         return extension
     if not isinstance(extension, type):
         raise TypeError(
             f"worker_extension must be a class or 'package.module:ClassName', got {extension!r}"
         )
-    return by_value(extension)
+    try:
+        return by_value(extension)
+    except Exception:
+        name = f"worker_extension {extension.__qualname__}"
+        check_picklable(extension, name, by_value, _WHY, _FIX)
+        raise
+
+
+_WHY = "the worker extension travels to each worker by value, pickled with cloudpickle"
+_FIX = (
+    "create it in the worker (in init_device, or on first use in a method) instead of at class "
+    "or module level, or pass the extension as 'package.module:ClassName' to import it there"
+)
 
 
 def worker_class(plan: Plan, extension: bytes | str | None) -> type[Worker]:

@@ -18,6 +18,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -30,6 +31,7 @@ from hwlaunch.errors import (
 )
 from hwlaunch.executor._arguments import check_call, check_timeout
 from hwlaunch.executor._background import BackgroundCalls
+from hwlaunch.executor._picklecheck import check_picklable
 from hwlaunch.executor._runtime import (
     Failure,
     Request,
@@ -56,6 +58,10 @@ __all__ = [
 StatusCallback = Callable[[int, str], None]
 K = TypeVar("K", bound=Hashable)
 HEALTH_TIMEOUT = 30.0  # seconds check_health() waits for every worker's ping
+
+
+# A plan from resolve() is plain data; one built or changed by hand may hold anything.
+_PLAN_FIX = "give the plan plain values (str, int, tuples): a plan from resolve() always pickles"
 
 
 class Executor(ABC):
@@ -88,6 +94,9 @@ class Executor(ABC):
         self._background = BackgroundCalls()  # where non_block calls run, in call order
         self.state = ClosedState()  # closed, why, and the first death
         self._extension = encode_extension(worker_extension)
+        if plan.start_method in ("spawn", "forkserver"):
+            why = f"{plan.start_method} pickles the plan for each worker"
+            check_picklable(plan, "plan", ForkingPickler.dumps, why, _PLAN_FIX)
         self._init_distributed = init_distributed
         self._start_called = False
 

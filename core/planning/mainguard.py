@@ -31,9 +31,16 @@ from multiprocessing import process, spawn
 from types import FrameType, ModuleType
 from typing import Literal
 
+from hwlaunch.planning._bytecode_guard import offset_is_guarded
 from hwlaunch.runtime_facts import MainGuard
 
 _Spans = tuple[tuple[int, int], ...]
+# The file name CPython gives code read from stdin (``python - < job.py``).
+STDIN = "<stdin>"
+_STDIN_DETAIL = (
+    "code read from stdin: workers re-run nothing of it (hwlaunch sends __main__'s callables "
+    "and classes by value)"
+)
 
 
 _launched_unguarded: list[MainGuard] = []
@@ -121,14 +128,18 @@ def _detect() -> MainGuard:
     if target.kind is None or main is None:
         return MainGuard("no-main-file", detail=target.why)
     if target.kind == "path" and not os.path.exists(target.value):
-        what = os.path.basename(target.value)
-        why = "code read from stdin" if what == "<stdin>" else f"{target.value} does not exist"
+        if os.path.basename(target.value) == STDIN:
+            return MainGuard("no-main-file", target.value, detail=_STDIN_DETAIL)
         return MainGuard(
-            "not-reimportable", target.value, detail=f"{why}: a spawned child would run {what}"
+            "not-reimportable",
+            target.value,
+            detail=f"{target.value} does not exist: a spawned child would run it",
         )
     file = getattr(main, "__file__", None)
     try:
         source_file, source = _main_source(main, target, frames)
+    except _SourceGone as gone:
+        return _after_earlier_launches(_check_bytecode(gone.pyc, gone.frame, gone.why))
     except (OSError, SyntaxError, ValueError, ImportError) as exc:
         return MainGuard("unknown", file, detail=f"{type(exc).__name__}: {exc}")
     frame = _running_frame(frames, main, source_file)
@@ -139,11 +150,16 @@ def _detect() -> MainGuard:
             source_file,
             detail=f"the top level of {os.path.basename(source_file)} is not running ({running})",
         )
-    guard = _check(source_file, frame.f_lineno, source)
+    return _after_earlier_launches(_check(source_file, frame.f_lineno, source))
+
+
+def _after_earlier_launches(guard: MainGuard) -> MainGuard:
+    """A guarded line, unless an earlier launch of this process ran outside a guard of the
+    same file: the child re-runs that one too."""
     if guard.status != "guarded":
         return guard
     for earlier in _launched_unguarded:
-        if _same_path(earlier.file or "", source_file):
+        if _same_path(earlier.file or "", guard.file or ""):
             return MainGuard(
                 "unguarded",
                 earlier.file,
@@ -257,16 +273,13 @@ def _pyc_source(pyc: str, frames: list[FrameType]) -> str:
     The code's file name says where the source was; the ``.pyc`` header's source mtime and size
     (or hash) say whether that file still holds what was compiled.
     """
-    compiled_from = next(
-        (
-            f.f_code.co_filename
-            for f in reversed(frames)
-            if _same_path(f.f_globals.get("__file__") or "", pyc)
-        ),
+    frame = next(
+        (f for f in reversed(frames) if _same_path(f.f_globals.get("__file__") or "", pyc)),
         None,
     )
-    if compiled_from is None:
+    if frame is None:
         raise OSError(f"{pyc} is running no module-level code to find its source from")
+    compiled_from = frame.f_code.co_filename
     source = _absolute(compiled_from)
     with open(pyc, "rb") as f:
         header = f.read(16)
@@ -275,9 +288,7 @@ def _pyc_source(pyc: str, frames: list[FrameType]) -> str:
             data = f.read()
         stat = os.stat(source)
     except OSError:
-        raise OSError(
-            f"{os.path.basename(pyc)} is bytecode without its source ({compiled_from} is gone)"
-        ) from None
+        raise _SourceGone(pyc, frame, f"its source {compiled_from} is gone") from None
     flags = int.from_bytes(header[4:8], "little")
     if flags & 0b1:
         same = importlib.util.source_hash(data) == header[8:16]
@@ -288,8 +299,28 @@ def _pyc_source(pyc: str, frames: list[FrameType]) -> str:
         )
         same = (int(stat.st_mtime) & 0xFFFFFFFF, stat.st_size & 0xFFFFFFFF) == (mtime, size)
     if not same:
-        raise OSError(f"{compiled_from} changed since {os.path.basename(pyc)} was compiled from it")
+        raise _SourceGone(pyc, frame, f"{compiled_from} changed since it was compiled")
     return compiled_from
+
+
+class _SourceGone(Exception):
+    """A ``.pyc`` main without the source it was compiled from: its bytecode decides."""
+
+    def __init__(self, pyc: str, frame: FrameType, why: str) -> None:
+        super().__init__(why)
+        self.pyc, self.frame, self.why = pyc, frame, why
+
+
+def _check_bytecode(pyc: str, frame: FrameType, why: str) -> MainGuard:
+    """The guard of the running instruction, read from the module's code object (``dis``).
+
+    The frame is the module-level frame running ``pyc``: its code is what a child re-runs.
+    """
+    detail = f"read from the bytecode of {os.path.basename(pyc)} ({why})"
+    if frame.f_lasti < 0:
+        return MainGuard("unknown", pyc, frame.f_lineno, f"no running instruction: {detail}")
+    guarded = offset_is_guarded(frame.f_code, frame.f_lasti)
+    return MainGuard("guarded" if guarded else "unguarded", pyc, frame.f_lineno, detail)
 
 
 def _check(filename: str, lineno: int | None, source: str | None) -> MainGuard:

@@ -27,9 +27,13 @@ import time
 
 from hwlaunch.runtime_facts import ThreadFacts, ThreadInfo, ThreadKind
 
-__all__ = ["OWN_THREAD_PREFIX", "probe_threads"]
+__all__ = ["OWN_THREADS", "probe_threads"]
 
-OWN_THREAD_PREFIX = "hwlaunch-"  # hwlaunch's threads: they wait in poll/recv and hold no lock
+# hwlaunch's threads that only wait in poll or recv and hold no lock a forked child needs (named
+# where they are started). The uni executor's worker thread is not one: it runs user code.
+OWN_THREADS = frozenset(
+    ("hwlaunch-monitor", "hwlaunch-rpc", "hwlaunch-restart", "hwlaunch-ray-monitor")
+)
 OPENMP_LIBRARIES = ("libgomp",)  # GNU OpenMP keeps no fork handler: its pool breaks in a child
 _SYSTEM = re.compile(r"^(libc\.so|libpthread|ld-linux|ld-musl|libc\.musl|\[vdso\]|libstdc\+\+)")
 _PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z_][\w]*?)(?:\.libs)?[/\\]")
@@ -45,7 +49,7 @@ def probe_threads() -> ThreadFacts:
     free_threaded = callable(gil) and not gil()
     named = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
     me = threading.get_native_id()
-    own = {tid for tid, name in named.items() if name.startswith(OWN_THREAD_PREFIX)}
+    own = {tid for tid, name in named.items() if name in OWN_THREADS}
     try:
         tids = sorted(int(t) for t in os.listdir("/proc/self/task"))
     except OSError:  # no /proc: the Python threads are all that can be seen

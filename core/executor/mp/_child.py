@@ -25,7 +25,12 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from hwlaunch.executor._mainprep import refuse_reimport, reimport_main
+from hwlaunch.executor._mainprep import (
+    STDIN,
+    refuse_reimport,
+    refuse_stdin_reimport,
+    reimport_main,
+)
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._messages import SHUTDOWN, parse_request
@@ -145,15 +150,14 @@ def worker_main(
     if main is not None:
         _reimport_or_fail(main, conn, plan.start_method)
     guard = plan.facts.main_guard if plan.facts is not None else None
-    if (
-        guard is not None
-        and guard.file
-        and guard.status == "unguarded"
-        and plan.start_method == "fork"
-    ):
+    if guard is not None and guard.file and plan.start_method == "fork":
         # This worker's __main__ is the parent's: its own spawned children would re-run the
-        # launch. (Under spawn/forkserver the resolver made sure the main is safe.)
-        refuse_reimport(guard.where() or guard.file)
+        # launch, or code read from stdin. (Under spawn/forkserver the resolver made sure the
+        # main is safe, and reimport_main handles stdin.)
+        if guard.status == "unguarded":
+            refuse_reimport(guard.where() or guard.file)
+        elif os.path.basename(guard.file) == STDIN:
+            refuse_stdin_reimport()
     if replace_environ:  # the parent's whole environment, as it was at launch
         os.environ.clear()
     os.environ.update(env)

@@ -40,6 +40,7 @@ from hwlaunch.executor.mp._forkserver import prepare_forkserver
 from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
 from hwlaunch.executor.mp._messages import CALL, request_head
 from hwlaunch.executor.mp._pipe_channel import open_channel
+from hwlaunch.executor.mp._quiet_fork import quiet_own_fork
 from hwlaunch.executor.mp._shm_channel import ChannelLost, ShmChannel
 from hwlaunch.plan import Plan
 
@@ -198,7 +199,8 @@ class MultiprocExecutor(Executor):
                 ),
                 daemon=False,
             )
-            process.start()
+            with quiet_own_fork(self.plan.start_method):
+                process.start()
         group.processes.append(process)
         group.pids.append(process.pid)
         group.identities.append(process_tree.identify(process.pid))

@@ -1,0 +1,45 @@
+"""Fork workers without Python 3.12's "multi-threaded" warning when the only other threads are
+hwlaunch's own, which a fork cannot hurt.
+
+Why: from 3.12 ``os.fork()`` warns (DeprecationWarning) whenever the process has more than one
+thread, since a child inherits locks held by threads that do not exist in it. hwlaunch's own
+threads (an earlier executor's monitor, the thread running non-blocking calls, a restart, the
+death-pipe watcher) only block in poll/recv and hold no lock a worker needs, yet CPython cannot
+tell them apart and warns at hwlaunch's line. Any other thread (the program's, a native one
+such as OpenMP's pool, the uni executor's worker thread running user code) makes the warning
+true: it is then left alone (and the resolver's thread rule picks forkserver unless fork was
+asked for).
+
+``warnings.catch_warnings()`` swaps the process-wide filter list and restores it on exit, so a
+filter another thread added meanwhile would be lost and that thread's warnings would meet ours.
+It is used only when every other thread is one of ours, none of which touches warnings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator
+
+from hwlaunch.planning.threads import probe_threads
+
+_MESSAGE = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks"
+
+
+def only_own_threads() -> bool:
+    """Every thread but this one is a fork-safe hwlaunch thread: the resolver's own threads
+    fact (``probe_threads``) sees no other, native ones included. Without /proc native threads
+    cannot be counted, and the warning is left to CPython."""
+    threads = probe_threads()
+    return not threads.others and threads.source == "/proc/self/task"
+
+
+@contextlib.contextmanager
+def quiet_own_fork(start_method: str | None) -> Iterator[None]:
+    """Around a worker's ``Process.start()``: no fork warning caused by hwlaunch's own threads."""
+    if start_method != "fork" or not only_own_threads():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_MESSAGE, category=DeprecationWarning)
+        yield
