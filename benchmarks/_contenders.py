@@ -184,9 +184,9 @@ def ready_hwlaunch(
             pids = [pid for pid in executor.pids if pid is not None]
             result["pss"] = {"workers_kib": sum(pss_kib(pid) for pid in pids), "server_kib": 0}
             if start_method == "forkserver":
-                from multiprocessing import forkserver
+                import psutil
 
-                server = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+                server = psutil.Process(pids[0]).ppid()  # the fork server these workers came from
                 result["pss"]["server_kib"] = pss_kib(server)
         start = time.perf_counter()
         executor.shutdown()

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from multiprocessing import forkserver, resource_tracker
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ import psutil
 import hwlaunch
 from hwlaunch import RpcTimeoutError, WorkerDiedError, WorkerStartupError
 from hwlaunch.executor.mp import MultiprocExecutor
+from hwlaunch.executor.mp._forkserver import running_servers
 
 METHODS = ("fork", "forkserver", "spawn")
 GONE_LIMIT = 15.0  # seconds to wait for processes to disappear before calling it a failure
@@ -119,11 +120,13 @@ def wait_gone(pids: list[int]) -> float:
 
 
 def helper_handles() -> dict[int, int]:
-    """The standard library's fork server and resource tracker (per parent, not per launch):
-    their pids, each with the descriptor this process keeps to it."""
+    """hwlaunch's fork servers (one per worker environment) and the standard library's resource
+    tracker (per parent, not per launch): their pids, each with the descriptor this process
+    keeps to it."""
     found = {}
+    servers = [(server, "_forkserver_pid", "_forkserver_alive_fd") for server in running_servers()]
     for helper, pid_attr, fd_attr in (
-        (forkserver._forkserver, "_forkserver_pid", "_forkserver_alive_fd"),
+        *servers,
         (resource_tracker._resource_tracker, "_pid", "_fd"),
     ):
         pid, fd = getattr(helper, pid_attr, None), getattr(helper, fd_attr, None)

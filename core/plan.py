@@ -59,6 +59,7 @@ class Plan:
     rpc_channel: str = DEFAULT_RPC_CHANNEL
     rpc_spin: float | None = None  # None: SPIN_WITH_FREE_CPUS if each worker has a CPU, else 0
     max_restarts: int = 0
+    cpu_threads: int | None = None  # torch.set_num_threads in each worker; None: left alone
     decisions: tuple[Decision, ...] = ()
     warnings: tuple[str, ...] = ()
     facts: RuntimeFacts | None = None

@@ -222,6 +222,10 @@ class RuntimeFacts:
     in_ray_actor: bool
     launcher: LauncherInfo = NO_LAUNCHER
     threads: ThreadFacts = NO_THREADS
+    # The CPUs this process may run on (its affinity), and OMP_NUM_THREADS / MKL_NUM_THREADS as
+    # the driver's environment sets them: the inputs of the CPU thread budget.
+    usable_cpus: int = 1
+    thread_env: Mapping[str, str] = field(default_factory=dict)
     assumed: frozenset[str] = field(default_factory=frozenset)
 
     def mark(self, key: str) -> str:

@@ -30,6 +30,12 @@ from hwlaunch.spec import BackendSpec, StartMethodRule, select_env
 SECRET = "never-show-this-3f9c"
 
 
+def budget(plan: Plan) -> dict[str, str]:
+    """The thread budget's variables, which every mp plan's env carries besides the others."""
+    n = str(plan.cpu_threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
+
+
 def spec(**changes: Any) -> BackendSpec:
     fields: dict[str, Any] = dict(
         name="npu",
@@ -263,7 +269,7 @@ def test_user_settings_win_over_proposals() -> None:
         environ=("SHELL_VAR",),
     )
     assert plan.start_method == "spawn"
-    assert plan.env == {"FROM_RULE": "2", "USER_VAR": "mine", "NEW": "3"}
+    assert plan.env == {"FROM_RULE": "2", "USER_VAR": "mine", "NEW": "3", **budget(plan)}
     assert "plugin site" in plan.decision("env").source
     assert len(dropped) == 3
     assert any("--start-method" in w for w in dropped)
@@ -286,7 +292,7 @@ def test_first_plugin_in_hook_order_wins_a_setting() -> None:
         Proposal("late", "env", {"K": "2", "J": "3"}, "b"),
     ]
     plan, dropped = apply_proposals(plan, s, Overrides(), later, (), claimed)
-    assert plan.dist_backend == "ccl" and plan.env == {"K": "1", "J": "3"}
+    assert plan.dist_backend == "ccl" and plan.env == {"K": "1", "J": "3", **budget(plan)}
     assert all("plugin early (earlier in hook order)" in w for w in dropped) and len(dropped) == 2
 
 

@@ -1,7 +1,8 @@
-"""forkserver as the fast safe start method: preloaded once per parent, the fallback when fork is
-unsafe, and a warning when something else started the fork server without the preload.
+"""forkserver as the fast safe start method: hwlaunch's own fork server per worker environment,
+preloaded once, the fallback when fork is unsafe, and indifferent to a fork server that something
+else started.
 
-The fork server is a per-parent singleton, so every test that starts one runs its own parent: a
+A fork server lives as long as its parent, so every test that starts one runs its own parent: a
 script in a fresh interpreter, which prints what it saw as JSON.
 """
 
@@ -35,8 +36,10 @@ def run_parent(tmp_path: Path, body: str) -> dict[str, Any]:
         "from multiprocessing import forkserver\n"
         "import psutil\n"
         "import hwlaunch\n\n"
+        "from hwlaunch.executor.mp._forkserver import running_servers\n\n"
         "def server_pid():\n"
-        "    return forkserver._forkserver._forkserver_pid\n\n"
+        "    (server,) = running_servers()\n"
+        "    return server._forkserver_pid\n\n"
         "def main():\n" + textwrap.indent(textwrap.dedent(body), "    ") + "\n\n"
         'if __name__ == "__main__":\n'
         "    main()\n"
@@ -71,7 +74,8 @@ def test_server_starts_once_with_the_preload_and_workers_fork_from_it(tmp_path: 
         maps = open(f"/proc/{pids[0]}/maps").read()
         print(json.dumps({
             "pids": pids, "parents": sorted(parents), "warned": warned,
-            "preload": forkserver._forkserver._preload_modules,
+            "preload": running_servers()[0]._preload_modules,
+            "stdlib_server": forkserver._forkserver._forkserver_pid,
             "server_has_torch": "libtorch" in maps,
             "parent_has_torch": "torch" in sys.modules,
         }))
@@ -80,13 +84,17 @@ def test_server_starts_once_with_the_preload_and_workers_fork_from_it(tmp_path: 
     assert seen["pids"][0] == seen["pids"][1]  # one server for both launches
     assert seen["parents"] == [seen["pids"][0]]  # the workers are its children
     assert seen["warned"] == []
-    assert seen["preload"][:2] == CPU_PRELOAD
+    assert seen["preload"][0].startswith(hw_forkserver.ENV_MODULE + ".p")  # the env, first
+    assert seen["preload"][1:3] == CPU_PRELOAD
     assert "hwlaunch.executor.mp._child" in seen["preload"]
+    assert seen["stdlib_server"] is None  # the standard library's own is not started
     assert seen["server_has_torch"]  # imported by the server, once...
     assert not seen["parent_has_torch"]  # ...and not inherited from this parent
 
 
-def test_server_started_elsewhere_without_the_preload_is_a_warning(tmp_path: Path) -> None:
+def test_server_started_elsewhere_is_left_alone(tmp_path: Path) -> None:
+    """The standard library's fork server, started by the program without any preload, neither
+    serves hwlaunch's workers nor costs them the preload: no warning, torch preloaded."""
     seen = run_parent(
         tmp_path,
         """
@@ -94,46 +102,28 @@ def test_server_started_elsewhere_without_the_preload_is_a_warning(tmp_path: Pat
         other = multiprocessing.get_context("forkserver").Process(target=time.sleep, args=(0,))
         other.start()
         other.join()
-        first = server_pid()
+        first = forkserver._forkserver._forkserver_pid
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             with hwlaunch.launch(
                 backend="cpu", world_size=2, start_method="forkserver", init_distributed=False
             ) as ex:
-                answers = ex.collective_rpc("ping")
+                parents = {psutil.Process(p).ppid() for p in ex.collective_rpc("ping")}
                 executor_warnings = ex.warnings
+        ours = server_pid()
         print(json.dumps({
-            "same_server": server_pid() == first,
-            "answers": len(answers),
+            "stdlib_kept": forkserver._forkserver._forkserver_pid == first,
+            "parents": sorted(parents), "ours": ours, "other": first,
+            "ours_has_torch": "libtorch" in open(f"/proc/{ours}/maps").read(),
             "executor": executor_warnings,
             "issued": [str(w.message) for w in caught],
         }))
         """,
     )
-    assert seen["same_server"]
-    assert seen["answers"] == 2  # slower to start, but it works
-    (warning,) = seen["executor"]
-    assert "already running without preloading torch, hwlaunch.plugins.cpu.worker" in warning
-    assert any("already running without preloading" in w for w in seen["issued"])
-
-
-def test_server_started_elsewhere_with_the_preload_is_fine(tmp_path: Path) -> None:
-    seen = run_parent(
-        tmp_path,
-        """
-        import multiprocessing, time
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "hwlaunch.plugins.cpu.worker"])
-        other = ctx.Process(target=time.sleep, args=(0,))
-        other.start()
-        other.join()
-        with hwlaunch.launch(
-            backend="cpu", world_size=2, start_method="forkserver", init_distributed=False
-        ) as ex:
-            print(json.dumps({"executor": ex.warnings}))
-        """,
-    )
-    assert seen["executor"] == []
+    assert seen["stdlib_kept"]
+    assert seen["parents"] == [seen["ours"]] and seen["ours"] != seen["other"]
+    assert seen["ours_has_torch"]
+    assert seen["executor"] == [] and seen["issued"] == []
 
 
 def test_fork_unsafe_launch_falls_back_to_the_fork_server(tmp_path: Path) -> None:
@@ -154,61 +144,35 @@ def test_fork_unsafe_launch_falls_back_to_the_fork_server(tmp_path: Path) -> Non
     assert seen == {"method": "forkserver", "preload": CPU_PRELOAD, "answers": 2, "server": True}
 
 
-# -- prepare_forkserver without processes ----------------------------------------------------------
-class FakeServer:
-    def __init__(self, pid: int | None, preload: list[str]) -> None:
-        self._forkserver_pid = pid
-        self._preload_modules = preload
+# -- one server per (environment, preload), without processes -----------------------------------
+def test_one_server_per_environment_and_preload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hw_forkserver, "_servers", {})
+    cpu = tuple(CPU_PRELOAD)
+    one = hw_forkserver.server_for({"OMP_NUM_THREADS": "1"}, cpu)
+    assert hw_forkserver.server_for({"OMP_NUM_THREADS": "1"}, cpu) is one  # reused
+    assert hw_forkserver.server_for({"OMP_NUM_THREADS": "2"}, cpu) is not one
+    assert hw_forkserver.server_for({"OMP_NUM_THREADS": "1"}, ("torch",)) is not one
+    preload: list[str] = one._preload_modules  # type: ignore[attr-defined]
+    assert preload[0].startswith(hw_forkserver.ENV_MODULE + ".p")
+    assert preload[1:] == [*CPU_PRELOAD, *hw_forkserver.EXECUTOR_MODULES]
+    bare = hw_forkserver.server_for({}, cpu)
+    assert bare._preload_modules == [*CPU_PRELOAD, *hw_forkserver.EXECUTOR_MODULES]  # type: ignore[attr-defined]
+    assert hw_forkserver.running_servers() == []  # none started: that is the first worker's
 
 
-class FakeContext:
-    def __init__(self) -> None:
-        self.preload: list[str] | None = None
-
-    def set_forkserver_preload(self, modules: list[str]) -> None:
-        self.preload = modules
-
-
-def prepare(
-    monkeypatch: pytest.MonkeyPatch,
-    server: FakeServer,
-    preload: tuple[str, ...],
-    earlier: tuple[str, ...] | None = None,
-) -> tuple[list[str], FakeContext]:
-    monkeypatch.setattr(forkserver, "_forkserver", server)
-    monkeypatch.setattr(hw_forkserver, "_preloaded", earlier)
-    ctx = FakeContext()
-    fake: Any = ctx  # stands in for a multiprocessing context
-    return hw_forkserver.prepare_forkserver(fake, preload), ctx
-
-
-def test_not_started_yet_sets_the_plans_modules_and_the_executors(
+def test_the_environment_travels_in_a_private_file_not_the_command_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    warnings, ctx = prepare(monkeypatch, FakeServer(None, ["__main__"]), tuple(CPU_PRELOAD))
-    assert warnings == []
-    assert ctx.preload == [*CPU_PRELOAD, *hw_forkserver.EXECUTOR_MODULES]
-
-
-def test_started_by_an_earlier_launch_with_other_modules_names_the_missing_ones(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    earlier = (*CPU_PRELOAD, *hw_forkserver.EXECUTOR_MODULES)
-    cuda = ("torch", "hwlaunch.plugins.cuda.worker")
-    warnings, ctx = prepare(monkeypatch, FakeServer(123, list(earlier)), cuda, earlier)
-    assert ctx.preload is None  # too late to change what the running server imported
-    (warning,) = warnings
-    assert "without preloading hwlaunch.plugins.cuda.worker;" in warning
-    assert prepare(monkeypatch, FakeServer(123, []), tuple(CPU_PRELOAD), earlier)[0] == []
-
-
-def test_started_by_something_else_is_judged_by_its_preload_list(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    (warning,) = prepare(monkeypatch, FakeServer(123, ["__main__"]), tuple(CPU_PRELOAD))[0]
-    assert "without preloading torch, hwlaunch.plugins.cpu.worker;" in warning
-    assert "Launch through hwlaunch before anything else starts the fork server" in warning
-    assert prepare(monkeypatch, FakeServer(123, CPU_PRELOAD), tuple(CPU_PRELOAD))[0] == []
+    """The preload list is the server's command line, which other users can read: it names
+    a file that only this user can read, and holds no value."""
+    monkeypatch.setattr(hw_forkserver, "_servers", {})
+    server = hw_forkserver.server_for({"SECRET_TOKEN": "s3cr3t"}, ("torch",))
+    name: str = server._preload_modules[0]  # type: ignore[attr-defined]
+    assert "s3cr3t" not in name and b"s3cr3t".hex() not in name
+    path = bytes.fromhex(name.removeprefix(hw_forkserver.ENV_MODULE + ".p")).decode()
+    assert json.loads(Path(path).read_text()) == {"SECRET_TOKEN": "s3cr3t"}
+    assert os.stat(path).st_mode & 0o077 == 0
+    os.unlink(path)
 
 
 # -- the rule: forkserver when fork is unsafe, and the plan says why ------------------------------

@@ -231,8 +231,10 @@ def test_pyproject_backend_table_and_env(clean_env: Path) -> None:
     write(clean_env / "pyproject.toml", PYPROJECT)
     plan = resolve()
     assert plan.decision("start_method").source == ("pyproject.toml:8 [tool.hwlaunch.backends.cpu]")
-    assert plan.env == {"A": "1"}
-    assert plan.decision("env").source == "pyproject.toml:9 [tool.hwlaunch.backends.cpu]"
+    assert plan.env["A"] == "1"
+    assert plan.decision("env").source == (
+        "pyproject.toml:9 [tool.hwlaunch.backends.cpu] < cpu_threads"
+    )
 
 
 def test_pyproject_without_our_table_is_not_a_config(clean_env: Path) -> None:
@@ -279,7 +281,7 @@ def test_dotted_keys_and_subtables_get_lines(clean_env: Path) -> None:
     plan = resolve()
     assert plan.decision("world_size").source == "hwlaunch.toml:2 [backends.cpu]"
     assert plan.decision("nnodes").source == "hwlaunch.toml:3 [backends.cpu]"
-    assert plan.decision("env").source == "hwlaunch.toml:5 [backends.cpu]"
+    assert plan.decision("env").source == "hwlaunch.toml:5 [backends.cpu] < cpu_threads"
 
 
 # -- bad input, each naming its source --------------------------------------------------------

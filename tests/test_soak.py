@@ -6,8 +6,9 @@ and an all-reduce, some with forkserver and two with spawn (each spawn worker im
 few seconds on a small machine). The RPC channel alternates: shared memory that blocks at once,
 shared memory that polls first, and pipes; every cycle also makes a non-blocking call. Resources are measured three times: before the first launch,
 after a warm-up of ten cycles and after the last cycle. From warm-up to the end nothing may grow
-at all; from the start, the only growth allowed is multiprocessing's own per-parent helpers, the
-fork server and the resource tracker (one process and one descriptor each, started once).
+at all; from the start, the only growth allowed is the per-parent helpers, the fork server
+(hwlaunch's, one per worker environment) and multiprocessing's resource tracker (one process and
+one descriptor each, started once).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from multiprocessing import forkserver, resource_tracker
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import psutil
@@ -26,6 +27,7 @@ import torch  # noqa: F401  imported before forking, as a real parent does: fork
 
 import hwlaunch
 from hwlaunch.executor.mp import MultiprocExecutor
+from hwlaunch.executor.mp._forkserver import running_servers
 
 pytestmark = pytest.mark.slow
 
@@ -111,12 +113,13 @@ class Resources:
 
 
 def multiprocessing_helpers() -> tuple[set[int], set[int]]:
-    """The fork server's and resource tracker's pids, and the descriptors this process keeps
-    to them: per-parent singletons of the standard library, started once, never per launch."""
+    """The fork servers' and resource tracker's pids, and the descriptors this process keeps
+    to them: per-parent helpers (a fork server per worker environment), never per launch."""
     pids: set[int] = set()
     fds: set[int] = set()
+    servers = [(server, "_forkserver_pid", "_forkserver_alive_fd") for server in running_servers()]
     for helper, pid_attr, fd_attr in (
-        (forkserver._forkserver, "_forkserver_pid", "_forkserver_alive_fd"),
+        *servers,
         (resource_tracker._resource_tracker, "_pid", "_fd"),
     ):
         pid, fd = getattr(helper, pid_attr, None), getattr(helper, fd_attr, None)

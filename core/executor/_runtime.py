@@ -122,6 +122,22 @@ def worker_class(plan: Plan, extension: bytes | str | None) -> type[Worker]:
     return type(f"{ext.__name__}{base.__name__}", (ext, base), {})
 
 
+def apply_cpu_threads(plan: Plan) -> None:
+    """The plan's thread budget, for torch in this worker process.
+
+    ``OMP_NUM_THREADS`` reached the worker's environment before anything was imported, but a
+    torch that was imported earlier (in a parent that forked, in a launcher's rank) sized its
+    pool already: ``set_num_threads`` holds whatever the start method.
+    """
+    if plan.cpu_threads is None:
+        return
+    try:
+        import torch
+    except ImportError:  # a worker without torch: the variables are all there is to set
+        return
+    torch.set_num_threads(plan.cpu_threads)
+
+
 def start_worker(
     plan: Plan,
     extension: bytes | str | None,
@@ -134,6 +150,7 @@ def start_worker(
 ) -> Worker:
     """Construct the worker and run its start-up lifecycle: plugins' setup, then the device."""
     cls = worker_class(plan, extension)
+    apply_cpu_threads(plan)
     worker = cls(
         rank=rank,
         local_rank=local_rank,

@@ -20,7 +20,8 @@ What does not apply, because the launcher owns the processes:
 - Restarts: torchrun's ``--max-restarts`` and SLURM's requeue restart the whole program, which
   launches again. hwlaunch does not restart a rank itself.
 - ``plan.env`` and device visibility are not applied: the launcher set this process's
-  environment before Python started.
+  environment before Python started. The thread budget (``plan.cpu_threads``) is, through
+  ``torch.set_num_threads`` when the worker starts.
 
 The rendezvous: under torchrun the agent already serves the store at ``MASTER_ADDR:MASTER_PORT``
 (and tells its workers so with ``TORCHELASTIC_USE_AGENT_STORE``), so the worker joins it through
@@ -35,7 +36,7 @@ import weakref
 from typing import Any
 
 from hwlaunch.errors import ConfigError
-from hwlaunch.executor._runtime import worker_class
+from hwlaunch.executor._runtime import apply_cpu_threads, worker_class
 from hwlaunch.executor._setup import run_worker_setup
 from hwlaunch.executor.base import StatusCallback
 from hwlaunch.executor.uni import UniExecutor
@@ -140,6 +141,7 @@ class ExternalExecutor(UniExecutor):
 
     def _build_worker(self, extension: bytes | str | None, init_distributed: bool) -> Worker:
         cls = worker_class(self.plan, extension)
+        apply_cpu_threads(self.plan)
         if self.launcher.launcher == "torchrun":
             cls = type(cls.__name__, (EnvRendezvous, cls), {})
         worker = cls(

@@ -25,8 +25,8 @@ def launch(
 
     Without a plan, ``resolve_keywords`` are ``resolve()``'s keywords, and the warnings of the plan
     (a fallback from fork, a module-level launch without a main guard) and of the executor (a
-    fork server already running without the preload) are issued as ``UserWarning`` pointing at
-    the caller's line. A caller that passes a plan has seen it: the warnings stay in
+    ``ray_address`` unused, this process being connected to another cluster) are issued as
+    ``UserWarning`` pointing at the caller's line. A caller that passes a plan has seen it: the warnings stay in
     ``plan.warnings`` and ``executor.warnings``, for it to show. ``worker_extension`` (a class,
     or ``"package.module:ClassName"``) is mixed into the backend's worker class, so its methods
     can be called by name through ``collective_rpc``; a path is checked here first (the

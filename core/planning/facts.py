@@ -7,6 +7,7 @@ and never imports torch, Ray or a vendor module that is not already imported.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
@@ -17,6 +18,7 @@ from hwlaunch.errors import ConfigError
 from hwlaunch.planning.launchers import LAUNCHERS, detect_launcher, launcher_of
 from hwlaunch.planning.mainguard import detect_main_guard
 from hwlaunch.planning.threads import probe_threads
+from hwlaunch.planning.threads_budget import THREAD_VARS
 from hwlaunch.runtime_facts import (
     DeviceFacts,
     LauncherInfo,
@@ -38,6 +40,7 @@ GLOBAL_KEYS = (
     "launcher",
     "threads",
     "free_threaded",
+    "usable_cpus",
 )
 DEVICE_KEYS = ("available", "device_count", "initialized")
 
@@ -64,6 +67,14 @@ def _in_ray_actor() -> bool:
         return False
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a container's or taskset's limit),
+    which ``os.cpu_count()`` ignores; the machine's count where the OS has no affinity call."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
 def gather_facts(specs: Mapping[str, BackendSpec]) -> RuntimeFacts:
     """Probe every backend and this process; cheap, and never initializes a device."""
     return RuntimeFacts(
@@ -74,6 +85,8 @@ def gather_facts(specs: Mapping[str, BackendSpec]) -> RuntimeFacts:
         in_ray_actor=_in_ray_actor(),
         launcher=detect_launcher(),
         threads=probe_threads(),
+        usable_cpus=usable_cpus(),
+        thread_env={k: os.environ[k] for k in THREAD_VARS if k in os.environ},
     )
 
 
@@ -84,14 +97,14 @@ def _bool(key: str, raw: object, source: str) -> bool:
     raise ConfigError(f"invalid value {raw!r} for {key} from {source}: expected true or false")
 
 
-def _count(key: str, raw: object, source: str) -> int:
+def _count(key: str, raw: object, source: str, minimum: int = 0) -> int:
     try:
-        value = int(str(raw).strip()) if not isinstance(raw, bool) else -1
+        value = int(str(raw).strip()) if not isinstance(raw, bool) else minimum - 1
     except ValueError:
-        value = -1
-    if value < 0:
+        value = minimum - 1
+    if value < minimum:
         raise ConfigError(
-            f"invalid value {raw!r} for {key} from {source}: expected an integer >= 0"
+            f"invalid value {raw!r} for {key} from {source}: expected an integer >= {minimum}"
         )
     return value
 
@@ -191,6 +204,16 @@ def _assumed_threads(raw: object, where: str, probed: ThreadFacts) -> ThreadFact
     return replace(probed, others=tuple(others), source="assumed")
 
 
+def _assumed_main_guard(raw: object, where: str) -> MainGuard:
+    status = str(raw).strip()
+    if status not in MAIN_GUARD_VALUES:
+        raise ConfigError(
+            f"invalid value {raw!r} for main_guard from {where}"
+            f"{did_you_mean(status, MAIN_GUARD_VALUES)} (allowed: {', '.join(MAIN_GUARD_VALUES)})"
+        )
+    return MainGuard(status, detail="assumed")
+
+
 def apply_assumptions(
     facts: RuntimeFacts, assume: Mapping[str, object], source: str
 ) -> RuntimeFacts:
@@ -210,14 +233,7 @@ def apply_assumptions(
         if dot and backend in devices and attr in DEVICE_KEYS:
             per_device.setdefault(backend, {})[attr] = raw
         elif key == "main_guard":
-            status = str(raw).strip()
-            if status not in MAIN_GUARD_VALUES:
-                raise ConfigError(
-                    f"invalid value {raw!r} for main_guard from {where}"
-                    f"{did_you_mean(status, MAIN_GUARD_VALUES)} "
-                    f"(allowed: {', '.join(MAIN_GUARD_VALUES)})"
-                )
-            changes["main_guard"] = MainGuard(status, detail="assumed")
+            changes["main_guard"] = _assumed_main_guard(raw, where)
         elif key == "start_methods":
             methods = tuple(m.strip() for m in str(raw).split(",") if m.strip())
             bad = [m for m in methods if m not in START_METHODS]
@@ -234,6 +250,8 @@ def apply_assumptions(
         elif key == "free_threaded":
             base = changes.get("threads", facts.threads)
             changes["threads"] = replace(base, free_threaded=_bool(key, raw, where))
+        elif key == "usable_cpus":
+            changes["usable_cpus"] = _count(key, raw, where, minimum=1)
         elif key in GLOBAL_KEYS:
             changes[key] = _bool(key, raw, where)
         else:

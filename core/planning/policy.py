@@ -21,6 +21,7 @@ from hwlaunch.plan import Decision, Plan
 from hwlaunch.planning.registry import ENV_STRICT, Registry
 from hwlaunch.planning.settings import Overrides
 from hwlaunch.planning.start_method import judge, preload_of
+from hwlaunch.planning.threads_budget import THREAD_VARS
 from hwlaunch.spec import BackendSpec, StartMethod, select_env
 
 
@@ -150,6 +151,8 @@ class _Policy:
             one = Proposal(p.plugin, "env", {key: value}, p.reason)
             if key in user:
                 self.drop(one, f"the user set {key} ({user[key]})")
+            elif key in THREAD_VARS and self.plan.cpu_threads is not None:
+                self.drop(one, f"{key} is the thread budget's (set cpu_threads instead)")
             elif key in self.environ_names:
                 self.drop(one, f"{key} is set in the driver's environment")
             elif not self.taken(one, f"env {key}"):

@@ -72,6 +72,7 @@ def resolve(
     rpc_channel: str | None = None,
     rpc_spin: float | None = None,
     max_restarts: int | None = None,
+    cpu_threads: int | None = None,
 ) -> Plan:
     """Decide backend, world size, executor and start method, with a reason for each.
 
@@ -92,5 +93,6 @@ def resolve(
         "rpc_channel": rpc_channel,
         "rpc_spin": rpc_spin,
         "max_restarts": max_restarts,
+        "cpu_threads": cpu_threads,
     }
     return resolve_with_sources(explicit, settings.sources("python"), config=config, assume=assume)

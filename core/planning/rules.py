@@ -18,6 +18,7 @@ from hwlaunch.plan import ExecutorName, Plan
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
+from hwlaunch.planning.threads_budget import thread_budget
 from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import BackendSpec, backend_aliases
 
@@ -54,7 +55,9 @@ def decide(
     method = start_method(spec, runs, overrides, notes)
     _note_backend_rules(spec, notes)
     _note_binding(spec, runs, notes)
-    env = worker_env(spec, overrides, notes)
+    env, threads = _env_and_threads(
+        spec, runs, adopting is not None, (world.value, nodes.value), overrides, notes
+    )
     preload = _preload(spec, method, notes)
     ray_address, pg_timeout = _ray_settings(runs, overrides, notes)
     startup = overrides.value("startup_timeout", spec.name)
@@ -80,6 +83,7 @@ def decide(
         rpc_channel=rpc_channel,
         rpc_spin=rpc_spin,
         max_restarts=max_restarts(runs, overrides, notes),
+        cpu_threads=threads,
         decisions=tuple(notes.decisions),
         warnings=tuple(dict.fromkeys(notes.warnings)),
         facts=facts,
@@ -464,8 +468,30 @@ def _note_binding(spec: BackendSpec, executor: ExecutorSpec, notes: Notes) -> No
         )
 
 
-def worker_env(spec: BackendSpec, overrides: Overrides, notes: Notes) -> dict[str, str]:
-    """The backend's worker_env, then the config file's [env], then its [backends.<name>.env]."""
+def _env_and_threads(
+    spec: BackendSpec,
+    executor: ExecutorSpec,
+    adopts_launcher: bool,
+    sizes: tuple[int, int],
+    overrides: Overrides,
+    notes: Notes,
+) -> tuple[dict[str, str], int | None]:
+    """The workers' extra environment (the user's, then the thread budget's variables) and
+    their thread count."""
+    env, source = worker_env(spec, overrides)
+    threads, added = thread_budget(
+        spec.name, executor, adopts_launcher, sizes, env, source, overrides, notes
+    )
+    if added:
+        env = {**env, **added}
+        source = "cpu_threads" if source == "none" else f"{source} < cpu_threads"
+    notes.note("env", env, source, "extra environment for workers")
+    return env, threads
+
+
+def worker_env(spec: BackendSpec, overrides: Overrides) -> tuple[dict[str, str], str]:
+    """The backend's worker_env, then the config file's [env], then its [backends.<name>.env],
+    with the layers it came from."""
     env = dict(spec.worker_env)
     sources = [f"rule of backend {spec.name}"] if env else []
     config = overrides.config
@@ -474,8 +500,7 @@ def worker_env(spec: BackendSpec, overrides: Overrides, notes: Notes) -> dict[st
             if layer is not None:
                 env.update(layer.value)
                 sources.append(layer.source)
-    notes.note("env", env, " < ".join(sources) or "none", "extra environment for workers")
-    return env
+    return env, " < ".join(sources) or "none"
 
 
 def _ray_settings(

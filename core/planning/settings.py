@@ -203,6 +203,14 @@ SETTINGS: tuple[Setting, ...] = (
         _restarts,
         default=0,
     ),
+    Setting(
+        "cpu_threads",
+        "--cpu-threads",
+        "N",
+        "Intra-op CPU threads per worker (default: this process's CPUs / workers on the node).",
+        _count,
+        per_backend=True,
+    ),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 ENV_VARS: dict[str, str] = {s.name: s.env_var for s in SETTINGS}

@@ -140,12 +140,16 @@ def worker_main(
     """Start the worker, report ready (or the start-up failure), then serve RPCs until told.
 
     ``main``: the ``__main__`` that spawn's ``prepare()`` was kept from re-importing (see
-    ``hwlaunch.executor._mainprep``); re-imported here, before anything else, so that a failure
-    comes back to the parent with its traceback.
+    ``hwlaunch.executor._mainprep``); re-imported here, before any other import, so that a failure
+    comes back to the parent with its traceback. The plan's env is set before that, on the only
+    thread: what the program's imports read (OMP_NUM_THREADS when torch is imported) is there.
     """
     for fd in inherited_fds:  # under fork: the parent's ends of the pipes must not stay open here
         with contextlib.suppress(OSError):
             os.close(fd)
+    if replace_environ:  # the parent's whole environment, as it was at launch
+        os.environ.clear()
+    os.environ.update(env)
     _install_liveness(death_r, pdeathsig, parent_pid)
     if main is not None:
         _reimport_or_fail(main, conn, plan.start_method)
@@ -158,9 +162,6 @@ def worker_main(
             refuse_reimport(guard.where() or guard.file)
         elif os.path.basename(guard.file) == STDIN:
             refuse_stdin_reimport()
-    if replace_environ:  # the parent's whole environment, as it was at launch
-        os.environ.clear()
-    os.environ.update(env)
     try:
         worker = start_worker(
             plan,

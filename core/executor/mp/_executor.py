@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
+from multiprocessing.forkserver import ForkServer
 from multiprocessing.util import Finalize
 from typing import Any
 
@@ -31,12 +32,13 @@ from hwlaunch.executor.base import (
     StatusCallback,
     free_port,
     gather,
+    propagated_environment,
     startup_failure,
     worker_environment,
 )
 from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._child import worker_main
-from hwlaunch.executor.mp._forkserver import prepare_forkserver
+from hwlaunch.executor.mp._forkserver import ServerProcess, server_for, start_through
 from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
 from hwlaunch.executor.mp._messages import CALL, request_head
 from hwlaunch.executor.mp._pipe_channel import open_channel
@@ -99,6 +101,7 @@ class MultiprocExecutor(Executor):
         self._rpc_id = 0
         self._sentinels: list[int] = []  # the workers' process sentinels, in rank order
         self._group = WorkerGroup(plan.world_size)
+        self._server: ForkServer | None = None  # the fork server of a forkserver plan
         # exitpriority >= 0: runs in multiprocessing's atexit hook *before* it joins every
         # non-daemonic child, so that join finds the workers already gone instead of hanging.
         self._finalizer = Finalize(self, self._group.shutdown, exitpriority=50)
@@ -120,7 +123,9 @@ class MultiprocExecutor(Executor):
         assert plan.start_method is not None
         ctx = multiprocessing.get_context(plan.start_method)
         if plan.start_method == "forkserver":
-            self.warnings += prepare_forkserver(ctx, plan.preload)
+            # The server's environment holds what every worker gets before it preloads torch.
+            env = {**propagated_environment(plan), **plan.env}
+            self._server = server_for(env, plan.preload)
         master_port = free_port()
         death_r, death_w = ctx.Pipe(duplex=False)
         group.death_w = death_w
@@ -188,7 +193,8 @@ class MultiprocExecutor(Executor):
             entry = main_entry(name) if self.plan.start_method != "fork" else None
         # The worker re-imports __main__ itself (a failure there comes back with its traceback).
         with withholding_main(name, entry) as withheld, _global_start_method_kept():
-            process = ctx.Process(  # type: ignore[attr-defined]
+            forkserver = self.plan.start_method == "forkserver"
+            process = (ServerProcess if forkserver else ctx.Process)(  # type: ignore[attr-defined]
                 target=worker_main,
                 name=name,
                 kwargs=dict(
@@ -199,8 +205,11 @@ class MultiprocExecutor(Executor):
                 ),
                 daemon=False,
             )
-            with quiet_own_fork(self.plan.start_method):
-                process.start()
+            if self._server is not None:
+                start_through(self._server, process)
+            else:
+                with quiet_own_fork(self.plan.start_method):
+                    process.start()
         group.processes.append(process)
         group.pids.append(process.pid)
         group.identities.append(process_tree.identify(process.pid))

@@ -1,48 +1,128 @@
-"""The fork server is one per parent process: its preload list must be set before it starts.
+"""hwlaunch's fork servers: one per distinct (worker environment, preload), started with both.
 
-Workers forked from a server that has already imported torch and the worker's module start in
-milliseconds instead of re-importing them as spawn does. The server is started by the first
-forkserver launch and kept for the life of the parent; what it preloads is fixed then.
+Why not the standard library's: its fork server is one per parent, started with the parent's
+environment, and it imports the preload (torch) before any worker exists. A variable of the
+plan's env that torch or a vendor SDK reads when imported (``OMP_NUM_THREADS``) would reach the
+workers after the server had imported them, too late. So each distinct environment gets a
+server of its own (``multiprocessing.forkserver.ForkServer`` instances: CPython's code, not a
+copy), whose first preload module sets that environment (``_server_env``) before the next one
+imports anything. The parent's ``os.environ`` is never written (other threads may be reading
+it), and the standard library's own server is left to whoever else uses it.
+
+A server lives as long as this process (it ends when the last process holding its "alive" pipe,
+this one or a worker, ends), so later launches with the same environment and preload reuse it
+and start in milliseconds. Workers are started through a ``Process`` class whose ``Popen`` runs
+``popen_forkserver.Popen._launch`` with that server in place of the module-level one.
 """
 
 from __future__ import annotations
 
-from multiprocessing import forkserver
-from multiprocessing.context import BaseContext
+import contextlib
+import json
+import os
+import tempfile
+import threading
+import types
+from collections.abc import Mapping
+from multiprocessing import forkserver, popen_forkserver, util
+from multiprocessing.context import ForkServerProcess
+from typing import Any
+
+__all__ = ["EXECUTOR_MODULES", "ServerProcess", "running_servers", "server_for"]
 
 # What every mp worker runs before the plan's own modules matter: the worker loop (with the
 # worker runtime and cloudpickle). Preloaded too, or each worker would import it after the fork.
-EXECUTOR_MODULES = ("hwlaunch.executor.mp._child", "multiprocessing.popen_forkserver")
+EXECUTOR_MODULES = (
+    "hwlaunch.executor.mp._child",
+    "hwlaunch.executor.mp._forkserver",
+    "multiprocessing.popen_forkserver",
+)
+ENV_MODULE = "hwlaunch.executor.mp._server_env"  # its children set the server's environment
 
-_preloaded: tuple[str, ...] | None = None
+Key = tuple[tuple[tuple[str, str], ...], tuple[str, ...]]
+_servers: dict[Key, forkserver.ForkServer] = {}
+_servers_lock = threading.Lock()
 
 
-def prepare_forkserver(ctx: BaseContext, preload: tuple[str, ...]) -> list[str]:
-    """Set the preload list if the server has not started yet; else say what it lacks.
+def server_for(env: Mapping[str, str], preload: tuple[str, ...]) -> forkserver.ForkServer:
+    """The fork server whose environment holds ``env`` and which preloads ``preload`` (and the
+    executor's modules); created on first use, started by the first worker it forks."""
+    key: Key = (tuple(sorted(env.items())), tuple(preload))
+    with _servers_lock:
+        server = _servers.get(key)
+        if server is None:
+            server = forkserver.ForkServer()
+            modules = (*preload, *EXECUTOR_MODULES)
+            first = [_env_module(dict(env))] if env else []
+            server.set_forkserver_preload([*first, *dict.fromkeys(modules)])
+            _servers[key] = server
+        return server
 
-    ``preload`` is the plan's (torch and the worker's module); the executor's own modules are
-    added to it. Returns the warnings for the executor: a server that something else started
-    earlier imports nothing of ours, so each worker imports the plan's modules itself.
+
+def _env_module(env: dict[str, str]) -> str:
+    """The name of a module that sets ``env`` in the fork server when imported.
+
+    The preload list travels on the server's command line, which other users may read
+    (``/proc/<pid>/cmdline``), so the values go into a file only this user can read, and only
+    its path goes into the name. The server removes the file when it ends; this process does
+    too, at exit, in case the server never started.
     """
-    global _preloaded
-    server = forkserver._forkserver
-    if getattr(server, "_forkserver_pid", None) is None:
-        modules = tuple(dict.fromkeys((*preload, *EXECUTOR_MODULES)))
-        ctx.set_forkserver_preload(list(modules))
-        _preloaded = modules
-        return []
-    # Started already: by an earlier launch of ours (we know its list), or by something else,
-    # which set its list (if at all) through set_forkserver_preload before starting it.
-    known = (
-        _preloaded
-        if _preloaded is not None
-        else tuple(getattr(server, "_preload_modules", None) or ())
+    fd, path = tempfile.mkstemp(prefix="hwlaunch-env-", suffix=".json")
+    with os.fdopen(fd, "w") as file:
+        json.dump(env, file)
+    util.Finalize(None, _remove, (path,), exitpriority=0)
+    return f"{ENV_MODULE}.p{path.encode().hex()}"
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+
+
+def running_servers() -> list[forkserver.ForkServer]:
+    """The servers started so far (helpers per environment, never per launch: leak checks
+    tell them apart by their ``_forkserver_pid`` and ``_forkserver_alive_fd``)."""
+    with _servers_lock:
+        return [s for s in _servers.values() if s._forkserver_pid is not None]  # type: ignore[attr-defined]
+
+
+class _ServerModule:
+    """``multiprocessing.forkserver`` as ``_launch`` sees it: with one server's
+    ``connect_to_new_process`` in place of the module-level server's."""
+
+    def __init__(self, server: forkserver.ForkServer) -> None:
+        self.connect_to_new_process = server.connect_to_new_process
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(forkserver, name)
+
+
+def _launch_through(server: forkserver.ForkServer) -> types.FunctionType:
+    """CPython's own ``Popen._launch``, run with ``forkserver`` naming this server."""
+    launch: Any = vars(popen_forkserver.Popen)["_launch"]
+    names = dict(launch.__globals__, forkserver=_ServerModule(server))
+    return types.FunctionType(
+        launch.__code__, names, launch.__name__, launch.__defaults__, launch.__closure__
     )
-    missing = [m for m in preload if m not in known]
-    if not missing:
-        return []
-    return [
-        "the fork server was already running without preloading "
-        f"{', '.join(missing)}; each worker imports them itself (slower start-up). Launch "
-        "through hwlaunch before anything else starts the fork server to get the preload"
-    ]
+
+
+class _ServerPopen(popen_forkserver.Popen):
+    def __init__(self, process_obj: Any, server: forkserver.ForkServer) -> None:
+        self._launch = types.MethodType(_launch_through(server), self)
+        super().__init__(process_obj)
+
+
+class ServerProcess(ForkServerProcess):
+    """A forkserver ``Process`` started by the server :func:`start_through` names."""
+
+    @staticmethod
+    def _Popen(process_obj: Any) -> Any:
+        # Taken off before the process object is pickled for the child.
+        server = process_obj.__dict__.pop("_hwlaunch_server")
+        return _ServerPopen(process_obj, server)
+
+
+def start_through(server: forkserver.ForkServer, process: ServerProcess) -> None:
+    """Start ``process`` as a child of ``server``."""
+    process.__dict__["_hwlaunch_server"] = server
+    process.start()
