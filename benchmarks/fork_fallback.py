@@ -10,7 +10,8 @@ from elsewhere hits both alike:
 
 - *first launch*: launch() until every worker has answered one matmul (for forkserver this
   includes starting the fork server, which imports torch);
-- *later launch*: a second launch in the same parent (the fork server is running).
+- *second launch* and *third launch*: later launches in the same parent (the fork server is
+  running).
 
 ``init_distributed=False``: no process group, so the figures are the start method's cost.
 Prints a markdown table of medians with the ratio to fork.
@@ -43,15 +44,17 @@ PARENT = textwrap.dedent(
             float((x @ x).sum())  # torch's OpenMP pool starts
         method = "fork" if case == "fork" else None
         times = []
-        for _ in range(2):
+        for _ in range(3):
             start = time.perf_counter()
             plan = hwlaunch.resolve(backend="cpu", world_size=workers, start_method=method)
             with hwlaunch.launch(plan, init_distributed=False) as ex:
                 ex.collective_rpc(mm, timeout=120)
                 times.append(time.perf_counter() - start)
-        print(json.dumps({"method": plan.start_method, "first": times[0], "later": times[1]}))
+        print(json.dumps({"method": plan.start_method, "first": times[0], "second": times[1],
+                          "third": times[2]}))
     """
 )
+PHASES = ("first", "second", "third")
 CASES = {"fork": "fork, driver ran no torch op", "fallback": "default after a torch op"}
 
 
@@ -79,20 +82,17 @@ def main() -> None:
     for _ in range(args.rounds):
         for case in CASES:
             samples[case].append(one_parent(case, args.workers))
-    fork = {
-        phase: statistics.median(float(s[phase]) for s in samples["fork"])
-        for phase in ("first", "later")
-    }
+    fork = {phase: statistics.median(float(s[phase]) for s in samples["fork"]) for phase in PHASES}
     print(f"{args.workers} CPU workers, medians of {args.rounds} fresh parents each\n")
-    print("| plan | start method | first launch | later launch |")
-    print("|---|---|---|---|")
+    print("| plan | start method | first launch | second launch | third launch |")
+    print("|---|---|---|---|---|")
     for case, label in CASES.items():
         method = samples[case][0]["method"]
         cells = []
-        for phase in ("first", "later"):
+        for phase in PHASES:
             value = statistics.median(float(s[phase]) for s in samples[case])
             cells.append(f"{value * 1000:.0f} ms (x{value / fork[phase]:.2f})")
-        print(f"| {label} | {method} | {cells[0]} | {cells[1]} |")
+        print(f"| {label} | {method} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":
