@@ -29,12 +29,12 @@ if TYPE_CHECKING:
     from typing import Any
 
     from hwlaunch.contract import CONTRACT_VERSION
+    from hwlaunch.draft import PlanDraft
     from hwlaunch.executor import Executor
     from hwlaunch.executor.launcher import launch
     from hwlaunch.executor_spec import ExecutorSpec
     from hwlaunch.hookspecs import Register, RegisterExecutor, hookimpl
     from hwlaunch.plan import Decision, Plan
-    from hwlaunch.planning.policy import PlanDraft
     from hwlaunch.planning.resolver import resolve
     from hwlaunch.spec import START_METHODS, BackendSpec, StartMethodRule
     from hwlaunch.worker import Worker
@@ -43,7 +43,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "CONTRACT_VERSION": "hwlaunch.contract",
-    "PlanDraft": "hwlaunch.planning.policy",
+    "PlanDraft": "hwlaunch.draft",
     "START_METHODS": "hwlaunch.spec",
     "BackendSpec": "hwlaunch.spec",
     "StartMethodRule": "hwlaunch.spec",

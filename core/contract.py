@@ -15,6 +15,7 @@ removes it; using it warns with :class:`HwlaunchDeprecationWarning` (hooks throu
 from __future__ import annotations
 
 import re
+import sys
 
 from hwlaunch.errors import PluginError
 
@@ -52,10 +53,11 @@ def require(value: object, what: str) -> str:
     own_major, own_minor = parse_version(CONTRACT_VERSION, "hwlaunch")
     version = f"{major}.{minor}"
     if (major, minor) > (own_major, own_minor):
-        from hwlaunch import __version__
-
+        # The package, loaded before any of its modules; not imported by name, which would make
+        # the contract depend on the facade that names every layer.
+        installed = sys.modules["hwlaunch"].__version__
         raise PluginError(
-            f"{what} needs plugin contract {version}, but the installed hwlaunch {__version__} "
+            f"{what} needs plugin contract {version}, but the installed hwlaunch {installed} "
             f"provides contract {CONTRACT_VERSION}. Fix: upgrade hwlaunch "
             f"(pip install --upgrade hwlaunch) to a release with contract {version} or later"
         )

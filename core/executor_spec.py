@@ -20,17 +20,40 @@ def _fail(field_name: str, problem: str) -> PluginError:
     return PluginError(f"invalid ExecutorSpec field {field_name!r}: {problem}")
 
 
+# The capabilities an executor declares, each read by the rules instead of the executor's name,
+# with what ``hwlaunch backends --verbose`` shows for it.
+CAPABILITIES = {
+    "start_method": "start method",
+    "needs_launcher": "adopts a launcher's ranks",
+    "in_process": "in-process",
+    "restarts": "restarts groups",
+    "rpc_channel": "rpc channel",
+    "ray": "Ray settings",
+}
+
+
 @dataclass(frozen=True)
 class ExecutorSpec:
-    """An executor as a plugin declares it.
+    """An executor as a plugin declares it: limits and capabilities, as data.
 
     ``executor`` is an import path ``"package.module:ClassName"`` of a subclass of
     ``hwlaunch.Executor``, constructed as ``Class(plan, worker_extension, *,
     init_distributed, startup_timeout, on_status)``. ``max_world_size`` and ``max_nodes`` are
-    what it can run (None: no limit); ``start_method`` says it starts local processes with the
-    plan's multiprocessing start method, so the start-method rules (main guard, fork safety,
-    daemonic parent) apply; ``needs_launcher`` says it adopts ranks that torchrun, srun or
-    mpirun started, so the resolver takes sizes from the launcher.
+    what it can run (None: no limit). The capabilities (what the rules give it; a vendor's
+    executor gets what a built-in with the same capabilities gets):
+
+    - ``start_method``: it starts local processes with the plan's multiprocessing start
+      method, so the start-method rules (main guard, fork safety, daemonic parent) apply and
+      plugins may propose a method;
+    - ``needs_launcher``: it adopts the ranks that torchrun, srun or mpirun started; the
+      resolver takes sizes from the launcher, and each worker its rank, rendezvous and device
+      from the launcher's variables (``plan.ranks_from_launcher``);
+    - ``in_process``: the worker runs in this process (no restart can replace it);
+    - ``restarts``: a failed worker group can be replaced (``max_restarts``); the class
+      implements ``watch_deaths`` and ``stop_group``;
+    - ``rpc_channel``: it carries calls as the ``rpc_channel`` and ``rpc_spin`` settings say;
+    - ``ray``: it places workers with Ray, reading ``ray_address``, ``ray_pg_timeout`` and the
+      backend's ``ray_noset_visibility_var``.
     """
 
     name: str
@@ -40,6 +63,10 @@ class ExecutorSpec:
     max_nodes: int | None = None
     start_method: bool = False
     needs_launcher: bool = False
+    in_process: bool = False
+    restarts: bool = False
+    rpc_channel: bool = False
+    ray: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
@@ -60,6 +87,10 @@ class ExecutorSpec:
                 not isinstance(value, int) or isinstance(value, bool) or value < 1
             ):
                 raise _fail(limit, f"{value!r} must be None (no limit) or an int >= 1")
-        for flag in ("start_method", "needs_launcher"):
+        for flag in CAPABILITIES:
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(flag, f"{getattr(self, flag)!r} must be a bool")
+        if self.restarts and self.in_process:
+            raise _fail(
+                "restarts", "an in_process executor cannot restart: its worker is this process"
+            )

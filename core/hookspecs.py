@@ -21,7 +21,7 @@ from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.spec import BackendSpec
 
 if TYPE_CHECKING:
-    from hwlaunch.planning.policy import PlanDraft
+    from hwlaunch.draft import PlanDraft
     from hwlaunch.worker import Worker
 
 PROJECT_NAME = "hwlaunch"

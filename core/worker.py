@@ -43,10 +43,10 @@ class Worker:
         """The index of this worker's device among those it sees.
 
         Started by hwlaunch: 0 under the ``per_worker`` binding (it sees only its own), else
-        its local rank. Started by a launcher (the ``external`` executor), hwlaunch set no
+        its local rank. Started by a launcher (an executor that adopts its ranks: ``external``), hwlaunch set no
         visibility: see :func:`launcher_device_index`.
         """
-        if self.plan.executor == "external":
+        if self.plan.ranks_from_launcher:
             return launcher_device_index(
                 self.local_rank, self.plan.device_control_env_var, os.environ
             )

@@ -16,14 +16,15 @@ import pytest
 
 import hwlaunch
 from hwlaunch import contract
+from hwlaunch.draft import SETTINGS, PlanDraft, Proposal
 from hwlaunch.errors import PluginError
 from hwlaunch.executor.base import bound_devices, worker_environment
-from hwlaunch.plan import Plan, RuntimeFacts
-from hwlaunch.planning._config import ConfigFile
+from hwlaunch.plan import Plan
 from hwlaunch.planning.facts import apply_assumptions, gather_facts
-from hwlaunch.planning.policy import SETTINGS, PlanDraft, Proposal, apply_proposals
+from hwlaunch.planning.policy import apply_proposals
 from hwlaunch.planning.rules import decide
-from hwlaunch.planning.settings import Overrides, Sourced
+from hwlaunch.planning.settings import ConfigFile, Overrides, Sourced
+from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import BackendSpec, StartMethodRule, select_env
 
 SECRET = "never-show-this-3f9c"

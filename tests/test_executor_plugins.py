@@ -72,6 +72,7 @@ def test_listed_with_their_plugins_and_the_broken_spec_as_a_failure(site: Path) 
         "broken-import",
         "inline",
         "not-executor",
+        "zoo-procs",
     ]
     assert (executors["inline"]["plugin"], executors["inline"]["distribution"]) == (
         "inline",
@@ -142,3 +143,60 @@ def test_the_broken_spec_cannot_be_chosen(site: Path) -> None:
     done = hwlaunch(site, "resolve", "--executor", "badspec")
     assert done.returncode == 2
     assert "invalid executor 'badspec' from --executor" in done.stderr
+
+
+RESTART_SCRIPT = """
+import json, os, signal, time
+import hwlaunch
+
+if __name__ == "__main__":
+    with hwlaunch.launch(backend="cpu", world_size=2, executor="zoo-procs", max_restarts=1) as ex:
+        before = ex.pids
+        os.kill(before[0], signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while ex.restarts < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pings = ex.collective_rpc("ping")
+        print(json.dumps({"restarts": ex.restarts, "before": before, "after": ex.pids,
+                          "pings": pings, "start_method": ex.plan.start_method}))
+"""
+
+
+def test_a_plugin_executor_that_declares_restarts_restarts_its_group(site: Path) -> None:
+    plan = json_of(
+        hwlaunch(
+            site, "resolve", "--executor", "zoo-procs", "--max-restarts", "1", "-n", "2", "--json"
+        )
+    )
+    assert plan["max_restarts"] == 1
+    decided = {d["setting"] for d in plan["decisions"]}
+    assert {"start_method", "rpc_channel", "max_restarts"} <= decided
+    assert plan["start_method"] is not None
+    script = site.parent / "restart_zoo.py"
+    script.write_text(RESTART_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        env=env,
+        cwd=site.parent,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["restarts"] == 1
+    assert set(result["after"]).isdisjoint(result["before"])
+    assert result["pings"] == result["after"]
+
+
+def test_a_plugin_executor_without_restarts_is_told_max_restarts_is_not_used(site: Path) -> None:
+    plan = json_of(
+        hwlaunch(site, "resolve", "--executor", "inline", "--max-restarts", "2", "--json")
+    )
+    assert plan["max_restarts"] == 0
+    assert (
+        "max_restarts 2 (from --max-restarts) is not used: the inline executor does not "
+        "restart worker groups" in plan["warnings"]
+    )

@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from hwlaunch.plan import MainGuard
 from hwlaunch.planning import mainguard
 from hwlaunch.planning.mainguard import detect_main_guard, line_is_guarded
+from hwlaunch.runtime_facts import MainGuard
 
 PROBE = """\
 import dataclasses, json

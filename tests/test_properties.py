@@ -41,7 +41,6 @@ from hwlaunch import (
 from hwlaunch import _discovery as discovery_module
 from hwlaunch.cli import main as cli_main
 from hwlaunch.hookspecs import ENTRY_POINT_GROUP
-from hwlaunch.plan import REIMPORT_UNSAFE
 from hwlaunch.planning._config import load_config_file
 from hwlaunch.planning.facts import MAIN_GUARD_VALUES
 from hwlaunch.planning.registry import load_registry
@@ -51,6 +50,7 @@ from hwlaunch.planning.settings import (
     ENV_VARS,
     TOP_LEVEL_KEYS,
 )
+from hwlaunch.runtime_facts import REIMPORT_UNSAFE
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

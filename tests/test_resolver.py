@@ -23,11 +23,11 @@ from hwlaunch import (
     Plan,
     StartMethodError,
 )
-from hwlaunch.plan import REIMPORT_UNSAFE, DeviceFacts, MainGuard, RuntimeFacts
 from hwlaunch.planning.facts import MAIN_GUARD_VALUES
 from hwlaunch.planning.rules import decide
 from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.plugins import cpu, cuda, hpu, xpu
+from hwlaunch.runtime_facts import REIMPORT_UNSAFE, DeviceFacts, MainGuard, RuntimeFacts
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 

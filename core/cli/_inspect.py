@@ -12,6 +12,7 @@ import click
 from hwlaunch._cells import Cell
 from hwlaunch.cli._options import setting_options
 from hwlaunch.contract import CONTRACT_VERSION
+from hwlaunch.executor_spec import CAPABILITIES
 from hwlaunch.planning import settings
 from hwlaunch.planning.facts import probe_device
 from hwlaunch.planning.registry import Registry, default_registry
@@ -100,8 +101,7 @@ def executor_rows(registry: Registry) -> list[dict[str, Any]]:
             "description": entry.spec.description,
             "max_world_size": entry.spec.max_world_size,
             "max_nodes": entry.spec.max_nodes,
-            "start_method": entry.spec.start_method,
-            "needs_launcher": entry.spec.needs_launcher,
+            **{flag: getattr(entry.spec, flag) for flag in CAPABILITIES},
         }
         for name, entry in registry.executors.items()
     ]
@@ -112,14 +112,13 @@ def _print_executors(console: Any, registry: Registry) -> None:
     from rich.table import Table
 
     executors = Table(title="hwlaunch executors", title_justify="left")
-    for column in ("executor", "plugin", "class", "limits", "description"):
+    for column in ("executor", "plugin", "class", "limits and capabilities", "description"):
         executors.add_column(column, overflow="fold")
     for e in executor_rows(registry):
         limits = [
             f"max {e['max_world_size']} worker(s)" if e["max_world_size"] else "",
             f"max {e['max_nodes']} node(s)" if e["max_nodes"] else "",
-            "start method" if e["start_method"] else "",
-            "needs a launcher" if e["needs_launcher"] else "",
+            *(label for flag, label in CAPABILITIES.items() if e[flag]),
         ]
         cells = (
             e["name"],

@@ -111,7 +111,7 @@ def merge(parts: list[list[Any]], world_size: int) -> list[Any]:
 
 def this_rank(plan: Plan) -> int:
     """The rank this process is: 0 (the driver) unless a launcher started it as one rank."""
-    return int(plan.decision("rank").value) if plan.executor == "external" else 0
+    return int(plan.decision("rank").value) if plan.ranks_from_launcher else 0
 
 
 def every_rank(executor: Any, fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> list[Any]:
@@ -120,7 +120,7 @@ def every_rank(executor: Any, fn: Callable[..., Any], args: tuple[Any, ...] = ()
     Under the external executor each process is one rank and ``collective_rpc`` returns its
     own result only: the ranks exchange theirs over the process group.
     """
-    if executor.plan.executor != "external":
+    if not executor.plan.ranks_from_launcher:
         return list(executor.collective_rpc(fn, args=args))
     return list(executor.collective_rpc(_all_gathered, args=(fn, args))[0])
 

@@ -1,6 +1,8 @@
 """Executors (uni, mp, ray, external) and what an executor plugin builds one from.
 
-An executor plugin subclasses :class:`Executor`. Its worker side uses the same functions as
+An executor plugin subclasses :class:`Executor` and implements its public extension points
+(``start_ranks``, ``exchange``, ``stop_ranks``; ``start()`` calls the first, never the
+constructor). Its worker side uses the same functions as
 the built-in executors, so a worker behaves the same whichever executor hosts it:
 ``start_worker`` builds the backend's worker and runs its start-up, ``answer`` runs one
 encoded request on it and encodes the reply (``(ok, value)``; a Failure when not ok), and the

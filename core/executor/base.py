@@ -1,10 +1,12 @@
 """The executor skeleton every executor shares (uni, mp, ray), and what they compute alike.
 
-The base class owns the constructor, the plan, the declared warnings and nodes, the closed and
-died state, the RPC entry point, ``check_health`` and the error vocabulary: a failure becomes
+The base class owns the plan, the declared warnings and nodes, the closed and died state, the
+RPC entry point, ``check_health`` and the error vocabulary: a failure becomes
 WorkerStartupError, WorkerDiedError, RpcTimeoutError or ExecutorClosedError here, the same way
-for every executor. A concrete executor implements three things: start the ranks, exchange one
-message with every rank, stop.
+for every executor. A concrete executor implements three public extension points:
+``start_ranks`` (called by ``start()``, never by the constructor), ``exchange`` (one message
+with every rank) and ``stop_ranks``; it reports through ``report_status``, ``timed_out``,
+``worker_died`` and ``startup_timed_out``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from hwlaunch.executor._runtime import (
     encode_method,
     method_label,
 )
+from hwlaunch.executor.state import ClosedState
 from hwlaunch.plan import Plan
 from hwlaunch.spec import select_env
 
@@ -89,38 +92,52 @@ class Executor(ABC):
         self._on_status = on_status
         self._rpc_lock = threading.Lock()  # one call at a time, as on a worker process
         self._background = BackgroundCalls()  # where non_block calls run, in call order
-        self._closed_because: str | None = None
-        self._died: WorkerDiedError | None = None
-        extension = encode_extension(worker_extension)
+        self.state = ClosedState()  # closed, why, and the first death
+        self._extension = encode_extension(worker_extension)
         if plan.start_method in ("spawn", "forkserver"):
             why = f"{plan.start_method} pickles the plan for each worker"
             check_picklable(plan, "plan", ForkingPickler.dumps, why, _PLAN_FIX)
+        self._init_distributed = init_distributed
+        self._start_called = False
+
+    def start(self) -> Executor:
+        """Start every rank (``start_ranks``) and return this executor, ready for calls.
+
+        Kept out of the constructor, so that a subclass sets its own state in ``__init__``
+        before anything starts. A start that fails closes the executor and stops every rank
+        already started (``stop_ranks(polite=False)``) before the error propagates.
+        """
+        if self._start_called:
+            raise RuntimeError(f"{type(self).__name__}.start() was called twice")
+        self._start_called = True
         try:
-            self._start_ranks(extension, init_distributed)
+            self.start_ranks(self._extension, self._init_distributed)
         except BaseException:
-            self._close("the workers failed to start")
-            self._stop(polite=False)
+            self.state.close("the workers failed to start")
+            self.stop_ranks(polite=False)
             raise
+        return self
 
     # -- what a concrete executor implements ---------------------------------------------
     @abstractmethod
-    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+    def start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
         """Start every rank and return once all are ready; raise WorkerStartupError otherwise.
-        ``self.startup_timeout`` bounds the wait; ``self._status(rank, text)`` reports progress."""
+        ``self.startup_timeout`` bounds the wait (raise ``self.startup_timed_out(ranks)``);
+        ``self.report_status(rank, text)`` reports progress. Called once, by ``start()``."""
 
     @abstractmethod
-    def _exchange(
+    def exchange(
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         """Run one call ``(method, args, kwargs)`` on every rank; return (results, failures by
         rank). A process-based executor sends ``dumps(request)``. With ``reply_rank``, the
         other ranks' results may be None (they need not travel).
 
-        Raise ``self._timed_out(label, ranks, timeout)`` when ranks do not answer in time and
-        ``self._worker_died(...)`` when one ends."""
+        Raise ``self.timed_out(label, ranks, timeout)`` when ranks do not answer in time and
+        ``self.worker_died(...)`` when one ends."""
 
     @abstractmethod
-    def _stop(self, polite: bool = True) -> None:
+    def stop_ranks(self, polite: bool = True) -> None:
         """Stop every worker; never hangs; safe to call more than once and from any thread."""
 
     # -- the shared interface ------------------------------------------------------------
@@ -201,15 +218,17 @@ class Executor(ABC):
     ) -> list[Any]:
         """One collective call under the RPC lock, its failures in the error vocabulary."""
         with self._rpc_lock:
-            self._raise_if_closed()
+            self.raise_if_closed()
             try:
-                results, failures = self._exchange(request, label, timeout, reply_rank)
+                results, failures = self.exchange(request, label, timeout, reply_rank)
             except BaseException as exc:
                 if not isinstance(exc, Exception):
                     # KeyboardInterrupt (or SystemExit) mid-exchange: replies are half read, so
                     # the channels are out of step; the workers cannot be reused.
-                    self._close(f"collective_rpc {label!r} was interrupted by {type(exc).__name__}")
-                    self._stop(polite=False)
+                    self.state.close(
+                        f"collective_rpc {label!r} was interrupted by {type(exc).__name__}"
+                    )
+                    self.stop_ranks(polite=False)
                 raise
         if failures:
             raise_first_failure(failures)
@@ -217,13 +236,13 @@ class Executor(ABC):
 
     def check_health(self) -> None:
         """Raise WorkerDiedError (or RpcTimeoutError) unless every worker answers."""
-        self._raise_if_closed()
+        self.raise_if_closed()
         self.collective_rpc("ping", timeout=HEALTH_TIMEOUT)
 
     def shutdown(self) -> None:
         """Stop every worker; never hangs; safe to call more than once."""
-        self._close("shutdown() was called")
-        self._stop()
+        self.state.close("shutdown() was called")
+        self.stop_ranks()
 
     def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
         """Have ``callback(error)`` called, from a monitor thread, when a worker dies between
@@ -233,8 +252,8 @@ class Executor(ABC):
     def stop_group(self) -> None:
         """Stop every worker before a restart; resources the next group reuses may stay
         (the ray executor's connection). ``shutdown()`` still follows."""
-        self._close("the group is being restarted")
-        self._stop(polite=False)
+        self.state.close("the group is being restarted")
+        self.stop_ranks(polite=False)
 
     def __enter__(self) -> Executor:
         return self
@@ -250,44 +269,29 @@ class Executor(ABC):
     # -- state and errors, for the concrete executors ------------------------------------
     @property
     def closed(self) -> bool:
-        return self._closed_because is not None
+        return self.state.closed
 
-    def _close(self, reason: str) -> bool:
-        """Mark the executor closed (the first reason stays); True for the first call."""
-        first = self._closed_because is None
-        if first:
-            self._closed_because = reason
+    def raise_if_closed(self) -> None:
+        """Raise what a call meets now: the first death, or ExecutorClosedError."""
+        self.state.raise_if_closed()
+
+    def closed_during(self, label: str) -> ExecutorClosedError:
+        return self.state.closed_during(label)
+
+    def worker_died(self, died: WorkerDiedError) -> WorkerDiedError:
+        """Record the first death, close, and stop the other workers; returns the first death."""
+        first = self.state.record_death(died)
+        self.state.close(f"worker rank {died.rank} died")
+        self.stop_ranks(polite=False)
         return first
 
-    def _raise_if_closed(self) -> None:
-        if self._died is not None:
-            raise self._died
-        if self._closed_because is not None:
-            raise ExecutorClosedError(
-                f"this executor was shut down ({self._closed_because}); launch a new one"
-            )
-
-    def _closed_during(self, label: str) -> ExecutorClosedError:
-        return ExecutorClosedError(
-            f"the executor was shut down ({self._closed_because or 'shutdown() was called'}) "
-            f"while collective_rpc {label!r} was running"
-        )
-
-    def _worker_died(self, died: WorkerDiedError) -> WorkerDiedError:
-        """Record the first death, close, and stop the other workers; returns the first death."""
-        if self._died is None:
-            self._died = died
-        self._close(f"worker rank {died.rank} died")
-        self._stop(polite=False)
-        return self._died
-
-    def _timed_out(self, label: str, ranks: list[int], timeout: float | None) -> RpcTimeoutError:
+    def timed_out(self, label: str, ranks: list[int], timeout: float | None) -> RpcTimeoutError:
         """A collective that hung leaves the process group unusable: close, stop, report."""
-        self._close(f"collective_rpc {label!r} timed out")
-        self._stop(polite=False)
+        self.state.close(f"collective_rpc {label!r} timed out")
+        self.stop_ranks(polite=False)
         return RpcTimeoutError(label, ranks, timeout or 0.0)
 
-    def _startup_timed_out(self, ranks: Iterable[int]) -> WorkerStartupError:
+    def startup_timed_out(self, ranks: Iterable[int]) -> WorkerStartupError:
         pending = sorted(ranks)
         source = _decision_source(self.plan, "startup_timeout")
         return WorkerStartupError(
@@ -296,7 +300,7 @@ class Executor(ABC):
             f"ranks still starting: {pending}",
         )
 
-    def _status(self, rank: int, text: str) -> None:
+    def report_status(self, rank: int, text: str) -> None:
         if self._on_status is not None:
             self._on_status(rank, text)
 

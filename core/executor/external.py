@@ -40,8 +40,9 @@ from hwlaunch.executor._runtime import apply_cpu_threads, worker_class
 from hwlaunch.executor._setup import run_worker_setup
 from hwlaunch.executor.base import StatusCallback
 from hwlaunch.executor.uni import UniExecutor
-from hwlaunch.plan import LauncherInfo, Plan
+from hwlaunch.plan import Plan
 from hwlaunch.planning.launchers import detect_launcher
+from hwlaunch.runtime_facts import LauncherInfo
 from hwlaunch.worker import Worker
 
 __all__ = ["ExternalExecutor"]

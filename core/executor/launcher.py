@@ -8,6 +8,7 @@ from typing import Any
 from hwlaunch.errors import PluginError
 from hwlaunch.executor._preflight import check_extension_path, refuse_imagined_machine
 from hwlaunch.executor.base import Executor, StatusCallback
+from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.plan import Plan
 
 
@@ -18,11 +19,11 @@ def launch(
     init_distributed: bool = True,
     startup_timeout: float | None = None,
     on_status: StatusCallback | None = None,
-    **overrides: Any,
+    **resolve_keywords: Any,
 ) -> Executor:
     """Start ``plan.world_size`` workers and return their executor (a context manager).
 
-    Without a plan, ``overrides`` are ``resolve()``'s keywords, and the warnings of the plan
+    Without a plan, ``resolve_keywords`` are ``resolve()``'s keywords, and the warnings of the plan
     (a fallback from fork, a module-level launch without a main guard) and of the executor (a
     ``ray_address`` unused, this process being connected to another cluster) are issued as
     ``UserWarning`` pointing at the caller's line. A caller that passes a plan has seen it: the warnings stay in
@@ -38,12 +39,12 @@ def launch(
     if plan is None:
         from hwlaunch.planning.resolver import resolve
 
-        plan = resolve(**overrides)
+        plan = resolve(**resolve_keywords)
         for text in plan.warnings:
             warnings.warn(f"hwlaunch: {text}", UserWarning, stacklevel=2)
-    elif overrides:
+    elif resolve_keywords:
         raise TypeError(
-            f"launch() got a plan and resolve() keywords {sorted(overrides)}; pass one or the other"
+            f"launch() got a plan and resolve() keywords {sorted(resolve_keywords)}; pass one or the other"
         )
     refuse_imagined_machine(plan)
     check_extension_path(worker_extension)
@@ -70,39 +71,28 @@ def _start(
     startup_timeout: float | None,
     on_status: StatusCallback | None,
 ) -> Executor:
-    def start(group_plan: Plan) -> Executor:
-        return _start_group(
-            group_plan, worker_extension, init_distributed, startup_timeout, on_status
-        )
+    """The plan's executor, found by name among the registered ones; wrapped in the restart
+    controller when the plan restarts groups and the executor declares that it can."""
+    spec, cls = registered_executor(plan.executor)
 
-    if plan.max_restarts > 0 and plan.executor in ("mp", "ray"):
+    def start(group_plan: Plan) -> Executor:
+        return cls(
+            group_plan,
+            worker_extension,
+            init_distributed=init_distributed,
+            startup_timeout=startup_timeout,
+            on_status=on_status,
+        ).start()
+
+    if plan.max_restarts > 0 and spec.restarts:
         from hwlaunch.executor.restart import RestartingExecutor
 
-        return RestartingExecutor(plan, start)
+        return RestartingExecutor(plan, start).start()
     return start(plan)
 
 
-def _start_group(
-    plan: Plan,
-    worker_extension: type | str | None,
-    init_distributed: bool,
-    startup_timeout: float | None,
-    on_status: StatusCallback | None,
-) -> Executor:
-    """Construct the plan's executor, found by name among the registered ones."""
-    cls = executor_class(plan.executor)
-    executor: Executor = cls(
-        plan,
-        worker_extension,
-        init_distributed=init_distributed,
-        startup_timeout=startup_timeout,
-        on_status=on_status,
-    )
-    return executor
-
-
-def executor_class(name: str) -> Any:
-    """The class an executor plugin registered under ``name``, imported now.
+def registered_executor(name: str) -> tuple[ExecutorSpec, type[Executor]]:
+    """The spec an executor plugin registered under ``name``, and its class, imported now.
 
     An executor whose class cannot be imported, or is no ``hwlaunch.Executor``, fails with a
     PluginError naming the executor, its plugin and the import path, never a bare ImportError.
@@ -129,4 +119,4 @@ def executor_class(name: str) -> Any:
         ) from exc
     if not (isinstance(cls, type) and issubclass(cls, Executor)):
         raise PluginError(f"{where} is not a subclass of hwlaunch.Executor")
-    return cls
+    return entry.spec, cls

@@ -21,7 +21,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Protocol
 
 from hwlaunch.errors import (
     RpcTimeoutError,
@@ -36,7 +36,41 @@ log = logging.getLogger("hwlaunch")
 
 RESTART_VARS = ("RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
 
-Starter = Callable[[Plan], Executor]
+
+class Group(Protocol):
+    """What the restart controller needs of one worker group: the public side of an executor
+    that declares ``restarts`` (mp, ray, a plugin's). It composes groups through these
+    methods only, one group at a time."""
+
+    warnings: list[str]
+
+    @property
+    def nodes(self) -> list[Any]: ...
+
+    def raise_if_closed(self) -> None: ...
+
+    def exchange(
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
+    ) -> tuple[list[Any], dict[int, Failure]]: ...
+
+    def collective_rpc(
+        self,
+        method: str | Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Any: ...
+
+    def check_health(self) -> None: ...
+
+    def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None: ...
+
+    def stop_group(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+Starter = Callable[[Plan], Group]
 SetupCall = tuple[Any, tuple[Any, ...], dict[str, Any] | None, float | None]
 
 
@@ -50,13 +84,16 @@ def _how(died: WorkerDiedError) -> str:
 
 
 class RestartingExecutor(Executor):
-    """An mp or ray executor that replaces its worker group when a worker fails.
+    """An executor that declares ``restarts`` (mp, ray, a plugin's), replacing its worker group
+    when a worker fails.
 
     The skeleton's RPC entry, lock and closed state are this object's; its "ranks" are the
-    current group, an executor of its own that ``start`` makes from a plan.
+    current group, an executor of its own that ``start`` makes from a plan and drives through
+    the ``Group`` protocol.
     """
 
     def __init__(self, plan: Plan, start: Starter) -> None:
+        super().__init__(plan)
         self.restarts = 0  # restarts begun (the one in progress included)
         self._start = start
         self._lock = threading.Lock()  # held for a whole restart: calls wait for the new group
@@ -65,9 +102,8 @@ class RestartingExecutor(Executor):
         self._final: WorkerDiedError | None = None
         self._generation = 0
         self._restart_threads: list[threading.Thread] = []
-        super().__init__(plan)
 
-    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+    def start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
         """The first group (``start`` already holds the extension and options)."""
         del extension, init_distributed
         self._inner = self._start(plan_for_restart(self.plan, 0))
@@ -75,7 +111,7 @@ class RestartingExecutor(Executor):
         self._watch(self._inner, 0)
 
     # -- deaths and restarts -----------------------------------------------------------------
-    def _watch(self, inner: Executor, generation: int) -> None:
+    def _watch(self, inner: Group, generation: int) -> None:
         inner.watch_deaths(lambda died: self._restart_soon(generation, died))
 
     def _restart_soon(self, generation: int, died: WorkerDiedError) -> None:
@@ -101,7 +137,7 @@ class RestartingExecutor(Executor):
                 for executor in retired:
                     executor.shutdown()
 
-    def _restart(self, died: WorkerDiedError, retired: list[Executor]) -> None:
+    def _restart(self, died: WorkerDiedError, retired: list[Group]) -> None:
         """Start groups until one replays every setup call, or the executor ends."""
         cause = died
         while True:
@@ -139,7 +175,7 @@ class RestartingExecutor(Executor):
             self._watch(new, self._generation)
             return
 
-    def _replay(self, new: Executor) -> None:
+    def _replay(self, new: Group) -> None:
         for method, args, kwargs, timeout in self._setup_calls:
             new.collective_rpc(method, args, kwargs, timeout)
 
@@ -181,7 +217,7 @@ class RestartingExecutor(Executor):
                 cause=died.cause,
             )
 
-    def _current(self) -> tuple[Executor, int]:
+    def _current(self) -> tuple[Group, int]:
         """The group calls go to, once any restart in progress has ended."""
         with self._lock:
             return self._inner, self._generation
@@ -214,13 +250,13 @@ class RestartingExecutor(Executor):
                 result.add_done_callback(record)
         return result
 
-    def _exchange(
+    def exchange(
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         inner, generation = self._current()
         try:
-            inner._raise_if_closed()
-            return inner._exchange(request, label, timeout, reply_rank)
+            inner.raise_if_closed()
+            return inner.exchange(request, label, timeout, reply_rank)
         except WorkerDiedError as died:
             raise self._after_failure(generation, died) from None
         except RpcTimeoutError as exc:
@@ -239,7 +275,7 @@ class RestartingExecutor(Executor):
     def check_health(self) -> None:
         """A dead or silent worker restarts the group; the check then raises what it found."""
         with self._rpc_lock:
-            self._raise_if_closed()
+            self.raise_if_closed()
             inner, generation = self._current()
             try:
                 inner.check_health()
@@ -254,16 +290,16 @@ class RestartingExecutor(Executor):
                 )
                 raise self._after_failure(generation, hung) from exc
 
-    def _raise_if_closed(self) -> None:
+    def raise_if_closed(self) -> None:
         with self._lock:  # after a restart in progress
             if self._final is not None:
-                self._died = self._died or self._final
-        super()._raise_if_closed()
+                self.state.record_death(self._final)
+        super().raise_if_closed()
 
-    def _stop(self, polite: bool = True) -> None:
+    def stop_ranks(self, polite: bool = True) -> None:
         """A restart in progress stops at its next step; then the current group ends."""
         with self._lock:
-            inner: Executor | None = getattr(self, "_inner", None)  # None: the start failed
+            inner: Group | None = getattr(self, "_inner", None)  # None: the start failed
             if inner is not None:
                 inner.shutdown()
         for thread in self._restart_threads:

@@ -41,13 +41,6 @@ class UniExecutor(Executor):
         startup_timeout: float | None = None,
         on_status: StatusCallback | None = None,
     ) -> None:
-        self._check_plan(plan)
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self._stop_lock = threading.Lock()
-        self._stopped = False
-        self._worker: Worker | None = None
-        self._thread = threading.Thread(target=self._run, name=self._thread_name(), daemon=True)
-        self._thread.start()
         super().__init__(
             plan,
             worker_extension,
@@ -55,6 +48,12 @@ class UniExecutor(Executor):
             startup_timeout=startup_timeout,
             on_status=on_status,
         )
+        self._check_plan(plan)
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._stop_lock = threading.Lock()
+        self._stopped = False
+        self._worker: Worker | None = None
+        self._thread = threading.Thread(target=self._run, name=self._thread_name(), daemon=True)
 
     rank = 0  # the one rank this process hosts
 
@@ -77,20 +76,21 @@ class UniExecutor(Executor):
             init_distributed=init_distributed,
         )
 
-    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
-        self._status(self.rank, "started")
+    def start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+        self._thread.start()
+        self.report_status(self.rank, "started")
         future = self._submit(lambda: self._build_worker(extension, init_distributed))
         if not wait([future], self.startup_timeout).done:
             # Should start-up finish after all, its worker shuts down on the worker thread.
             future.add_done_callback(lambda f: f.exception() or f.result().shutdown())
-            raise self._startup_timed_out([self.rank])
+            raise self.startup_timed_out([self.rank])
         error = future.exception()
         if error is not None:
             raise startup_failure(self.rank, Failure.current(error))
         self._worker = future.result()
-        self._status(self.rank, "ready")
+        self.report_status(self.rank, "ready")
 
-    def _exchange(
+    def exchange(
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         worker = self._worker
@@ -98,13 +98,13 @@ class UniExecutor(Executor):
         method, args, kwargs = request
         future = self._submit(lambda: call(worker, method, args, kwargs))
         if not wait([future], timeout).done:
-            raise self._timed_out(label, [self.rank], timeout)
+            raise self.timed_out(label, [self.rank], timeout)
         error = future.exception()
         if error is not None:
             return [None], {self.rank: Failure.current(error)}
         return [future.result()], {}
 
-    def _stop(self, polite: bool = True) -> None:
+    def stop_ranks(self, polite: bool = True) -> None:
         """Queue the worker's shutdown behind whatever runs now, then end the thread. Waits for
         it only when nothing is stuck on the thread (a polite stop)."""
         with self._stop_lock:

@@ -10,7 +10,6 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from hwlaunch.planning.settings import (
     BACKEND_TABLE_KEYS,
     ENV_CONFIG,
     TOP_LEVEL_KEYS,
+    ConfigFile,
     Overrides,
     Sourced,
     parse_setting,
@@ -50,22 +50,6 @@ def _parse_env_table(raw: object, source: str) -> dict[str, str]:
                 f"(environment values are text), {example}"
             )
     return dict(raw)
-
-
-@dataclass
-class ConfigFile:
-    """A parsed config file: top-level settings and per-backend tables, each value sourced.
-
-    ``backend_tables`` maps each ``[backends.<name>]`` to where it is written, so that a table
-    naming no registered backend can be reported at its line.
-    """
-
-    path: Path
-    settings: dict[str, Sourced[Any]] = field(default_factory=dict)
-    env: Sourced[dict[str, str]] | None = None
-    backends: dict[str, dict[str, Sourced[Any]]] = field(default_factory=dict)
-    backend_env: dict[str, Sourced[dict[str, str]]] = field(default_factory=dict)
-    backend_tables: dict[str, str] = field(default_factory=dict)
 
 
 _KEY_PART = r"""(?:"(?:[^"\\\n]|\\.)*"|'[^'\n]*'|[A-Za-z0-9_-]+)"""

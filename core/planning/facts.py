@@ -15,7 +15,11 @@ from typing import Any, get_args
 
 from hwlaunch._checks import did_you_mean, parse_truthy
 from hwlaunch.errors import ConfigError
-from hwlaunch.plan import (
+from hwlaunch.planning.launchers import LAUNCHERS, detect_launcher, launcher_of
+from hwlaunch.planning.mainguard import detect_main_guard
+from hwlaunch.planning.threads import probe_threads
+from hwlaunch.planning.threads_budget import THREAD_VARS
+from hwlaunch.runtime_facts import (
     DeviceFacts,
     LauncherInfo,
     MainGuard,
@@ -25,10 +29,6 @@ from hwlaunch.plan import (
     ThreadInfo,
     ThreadKind,
 )
-from hwlaunch.planning.launchers import LAUNCHERS, detect_launcher, launcher_of
-from hwlaunch.planning.mainguard import detect_main_guard
-from hwlaunch.planning.threads import probe_threads
-from hwlaunch.planning.threads_budget import THREAD_VARS
 from hwlaunch.spec import START_METHODS, BackendSpec
 
 MAIN_GUARD_VALUES: tuple[MainGuardStatus, ...] = get_args(MainGuardStatus)
@@ -204,6 +204,16 @@ def _assumed_threads(raw: object, where: str, probed: ThreadFacts) -> ThreadFact
     return replace(probed, others=tuple(others), source="assumed")
 
 
+def _assumed_main_guard(raw: object, where: str) -> MainGuard:
+    status = str(raw).strip()
+    if status not in MAIN_GUARD_VALUES:
+        raise ConfigError(
+            f"invalid value {raw!r} for main_guard from {where}"
+            f"{did_you_mean(status, MAIN_GUARD_VALUES)} (allowed: {', '.join(MAIN_GUARD_VALUES)})"
+        )
+    return MainGuard(status, detail="assumed")
+
+
 def apply_assumptions(
     facts: RuntimeFacts, assume: Mapping[str, object], source: str
 ) -> RuntimeFacts:
@@ -223,14 +233,7 @@ def apply_assumptions(
         if dot and backend in devices and attr in DEVICE_KEYS:
             per_device.setdefault(backend, {})[attr] = raw
         elif key == "main_guard":
-            status = str(raw).strip()
-            if status not in MAIN_GUARD_VALUES:
-                raise ConfigError(
-                    f"invalid value {raw!r} for main_guard from {where}"
-                    f"{did_you_mean(status, MAIN_GUARD_VALUES)} "
-                    f"(allowed: {', '.join(MAIN_GUARD_VALUES)})"
-                )
-            changes["main_guard"] = MainGuard(status, detail="assumed")
+            changes["main_guard"] = _assumed_main_guard(raw, where)
         elif key == "start_methods":
             methods = tuple(m.strip() for m in str(raw).split(",") if m.strip())
             bad = [m for m in methods if m not in START_METHODS]

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
 from hwlaunch.errors import ConfigError
-from hwlaunch.plan import LAUNCHERS, NO_LAUNCHER, Found, LauncherInfo, LauncherName
+from hwlaunch.runtime_facts import LAUNCHERS, NO_LAUNCHER, Found, LauncherInfo, LauncherName
 
 __all__ = [
     "LAUNCHERS",

@@ -31,8 +31,8 @@ from multiprocessing import process, spawn
 from types import FrameType, ModuleType
 from typing import Literal
 
-from hwlaunch.plan import MainGuard
 from hwlaunch.planning._bytecode_guard import offset_is_guarded
+from hwlaunch.runtime_facts import MainGuard
 
 _Spans = tuple[tuple[int, int], ...]
 # The file name CPython gives code read from stdin (``python - < job.py``).

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hwlaunch.plan import Decision, RuntimeFacts
+from hwlaunch.plan import Decision
+from hwlaunch.runtime_facts import RuntimeFacts
 
 __all__ = ["Notes"]
 

@@ -11,13 +11,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hwlaunch._checks import did_you_mean, unknown_name_message
+from hwlaunch.channels import SPIN_WITH_FREE_CPUS
 from hwlaunch.errors import BackendUnavailableError, ConfigError
 from hwlaunch.executor_spec import ExecutorSpec
-from hwlaunch.plan import SPIN_WITH_FREE_CPUS, ExecutorName, Plan, RuntimeFacts
+from hwlaunch.plan import ExecutorName, Plan
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
 from hwlaunch.planning.threads_budget import thread_budget
+from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import BackendSpec, backend_aliases
 
 __all__ = ["decide"]
@@ -25,6 +27,9 @@ __all__ = ["decide"]
 # How close (difflib ratio) a [backends.<name>] must be to a registered name to count as a typo:
 # 'cdua' (0.75) is a typo of 'cuda', while 'npu' or 'tpu' (0.67 to 'cpu') are other vendors.
 TYPO_CUTOFF = 0.75
+# The built-in executors the rules choose when the user names none: by size, and under a
+# launcher. What each may do is read from its ExecutorSpec, never from these names.
+SINGLE, LOCAL, ACROSS_NODES, UNDER_LAUNCHER = "uni", "mp", "ray", "external"
 
 
 def decide(
@@ -46,19 +51,20 @@ def decide(
         world, nodes, executor = launcher_sizes(spec, adopting, overrides, notes)
     else:
         world, nodes, executor = sized_executor(spec, overrides, notes, executors)
-    method = start_method(spec, executor, overrides, notes, uses=executors[executor].start_method)
+    runs = executors[executor]
+    method = start_method(spec, runs, overrides, notes)
     _note_backend_rules(spec, notes)
-    _note_binding(spec, executor, notes)
+    _note_binding(spec, runs, notes)
     env, threads = _env_and_threads(
-        spec, executor, adopting is not None, (world.value, nodes.value), overrides, notes
+        spec, runs, adopting is not None, (world.value, nodes.value), overrides, notes
     )
     preload = _preload(spec, method, notes)
-    ray_address, pg_timeout = _ray_settings(executor, overrides, notes)
+    ray_address, pg_timeout = _ray_settings(runs, overrides, notes)
     startup = overrides.value("startup_timeout", spec.name)
     notes.note(
         "startup_timeout", startup.value, startup.source, "seconds every worker has to be ready"
     )
-    rpc_channel, rpc_spin = _rpc_settings(executor, overrides, notes)
+    rpc_channel, rpc_spin = _rpc_settings(runs, overrides, notes)
     return Plan(
         backend=spec.name,
         world_size=world.value,
@@ -76,14 +82,15 @@ def decide(
         startup_timeout=startup.value,
         rpc_channel=rpc_channel,
         rpc_spin=rpc_spin,
-        max_restarts=max_restarts(executor, overrides, notes),
+        max_restarts=max_restarts(runs, overrides, notes),
         cpu_threads=threads,
         decisions=tuple(notes.decisions),
         warnings=tuple(dict.fromkeys(notes.warnings)),
         facts=facts,
         device_binding=str(spec.device_binding),
         propagate_env=spec.propagate_env,
-        ray_noset_visibility_var=spec.ray_noset_visibility_var if executor == "ray" else None,
+        ray_noset_visibility_var=spec.ray_noset_visibility_var if runs.ray else None,
+        ranks_from_launcher=runs.needs_launcher,
     )
 
 
@@ -107,21 +114,21 @@ def _registered_executors() -> dict[str, ExecutorSpec]:
     return default_registry().executor_specs
 
 
-def max_restarts(executor: str, overrides: Overrides, notes: Notes) -> int:
-    """How often a failed worker group is restarted (0: fail-stop); only the mp and ray
-    executors restart a group (uni runs in this process; under a launcher it restarts)."""
+def max_restarts(executor: ExecutorSpec, overrides: Overrides, notes: Notes) -> int:
+    """How often a failed worker group is restarted (0: fail-stop); only an executor that
+    declares ``restarts`` replaces a group."""
     found = overrides.value("max_restarts")
     value = int(found.value)
-    if executor == "uni" and value:
+    if not executor.restarts and value:
+        if executor.in_process:
+            why = "runs the worker in this process, which a restart cannot replace"
+        elif executor.needs_launcher:
+            why = "does not restart worker groups (under a launcher, restarts are the launcher's)"
+        else:
+            why = "does not restart worker groups"
         notes.warnings.append(
-            f"max_restarts {value} (from {found.source}) is not used: the uni executor runs "
-            "the worker in this process, which a restart cannot replace"
-        )
-        value = 0
-    elif executor not in ("mp", "ray") and value:
-        notes.warnings.append(
-            f"max_restarts {value} (from {found.source}) is not used: the {executor} executor "
-            "does not restart worker groups (under a launcher, restarts are the launcher's)"
+            f"max_restarts {value} (from {found.source}) is not used: the {executor.name} "
+            f"executor {why}"
         )
         value = 0
     notes.note(
@@ -235,21 +242,21 @@ def choose_executor(
     count_fact = f"{spec.name}.device_count"
     if nodes.value > 1:
         why = f"{nodes.value} nodes requested; workers span machines"
-        return notes.note("executor", "ray", f"nnodes (from {nodes.source})", why)  # type: ignore[no-any-return]
+        return notes.note("executor", ACROSS_NODES, f"nnodes (from {nodes.source})", why)  # type: ignore[no-any-return]
     if world.value == 1:
-        return notes.note("executor", "uni", "rule", "world size 1 runs in-process")  # type: ignore[no-any-return]
+        return notes.note("executor", SINGLE, "rule", "world size 1 runs in-process")  # type: ignore[no-any-return]
     if spec.is_accelerator and world.value > device.device_count:
         why = (
             f"world size {world.value} exceeds the {device.device_count} local "
             f"{spec.name} devices{notes.facts.mark(count_fact)}; Ray places workers on "
             "other nodes"
         )
-        return notes.note("executor", "ray", notes.fact(count_fact), why)  # type: ignore[no-any-return]
+        return notes.note("executor", ACROSS_NODES, notes.fact(count_fact), why)  # type: ignore[no-any-return]
     where = (
         f"{device.device_count} local {spec.name} devices" if spec.is_accelerator else "one node"
     )
     why = f"world size {world.value} fits on {where}: local processes"
-    return notes.note("executor", "mp", "rule", why)  # type: ignore[no-any-return]
+    return notes.note("executor", LOCAL, "rule", why)  # type: ignore[no-any-return]
 
 
 def check_executor_names(overrides: Overrides, executors: Mapping[str, ExecutorSpec]) -> None:
@@ -339,7 +346,7 @@ def adopts_launcher(
         )
     if not facts.launcher.detected:
         return None
-    return str(chosen.value) if chosen is not None else "external"
+    return str(chosen.value) if chosen is not None else UNDER_LAUNCHER
 
 
 def launcher_sizes(
@@ -439,7 +446,7 @@ BINDING_REASONS = {
 }
 
 
-def _note_binding(spec: BackendSpec, executor: str, notes: Notes) -> None:
+def _note_binding(spec: BackendSpec, executor: ExecutorSpec, notes: Notes) -> None:
     """The device binding, the variables copied from the driver, and Ray's opt-out."""
     source = f"rule of backend {spec.name}"
     binding = str(spec.device_binding)
@@ -452,7 +459,7 @@ def _note_binding(spec: BackendSpec, executor: str, notes: Notes) -> None:
             "copied from the driver's environment into every worker (names only: values are "
             "never shown)",
         )
-    if executor == "ray" and spec.ray_noset_visibility_var:
+    if executor.ray and spec.ray_noset_visibility_var:
         notes.note(
             "ray_noset_visibility_var",
             spec.ray_noset_visibility_var,
@@ -463,7 +470,7 @@ def _note_binding(spec: BackendSpec, executor: str, notes: Notes) -> None:
 
 def _env_and_threads(
     spec: BackendSpec,
-    executor: str,
+    executor: ExecutorSpec,
     adopts_launcher: bool,
     sizes: tuple[int, int],
     overrides: Overrides,
@@ -496,9 +503,12 @@ def worker_env(spec: BackendSpec, overrides: Overrides) -> tuple[dict[str, str],
     return env, " < ".join(sources) or "none"
 
 
-def _ray_settings(executor: str, overrides: Overrides, notes: Notes) -> tuple[str | None, float]:
-    """The cluster to join and the placement timeout; decided only for the ray executor."""
-    if executor != "ray":
+def _ray_settings(
+    executor: ExecutorSpec, overrides: Overrides, notes: Notes
+) -> tuple[str | None, float]:
+    """The cluster to join and the placement timeout; decided only for an executor that uses
+    the Ray settings."""
+    if not executor.ray:
         return None, float(BY_NAME["ray_pg_timeout"].default)
     found = overrides.lookup("ray_address")
     notes.note(
@@ -516,13 +526,15 @@ def _ray_settings(executor: str, overrides: Overrides, notes: Notes) -> tuple[st
     return (found.value if found else None), float(timeout.value)
 
 
-def _rpc_settings(executor: str, overrides: Overrides, notes: Notes) -> tuple[str, float | None]:
-    """How the mp executor carries calls; the other executors have their own transport, so
-    the setting is noted only for mp."""
+def _rpc_settings(
+    executor: ExecutorSpec, overrides: Overrides, notes: Notes
+) -> tuple[str, float | None]:
+    """How an executor that carries the rpc channel settings (mp) carries calls; the others
+    have their own transport, so the setting is noted only for those that do."""
     channel = overrides.value("rpc_channel")
     spin = overrides.lookup("rpc_spin")
     values = (str(channel.value), None if spin is None else float(spin.value))
-    if executor != "mp":
+    if not executor.rpc_channel:
         return values
     notes.note(
         "rpc_channel",

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from pathlib import Path
+from typing import Any, Generic, TypeVar
 
 from hwlaunch._checks import closest, did_you_mean
 from hwlaunch._discovery import PLUGIN_VARIABLES
+from hwlaunch.channels import DEFAULT_RPC_CHANNEL, RPC_CHANNELS
 from hwlaunch.errors import ConfigError
-from hwlaunch.plan import DEFAULT_RPC_CHANNEL, RPC_CHANNELS
 from hwlaunch.spec import START_METHODS
-
-if TYPE_CHECKING:
-    from hwlaunch.planning._config import ConfigFile
 
 __all__ = [
     "BACKEND_TABLE_KEYS",
@@ -30,6 +28,7 @@ __all__ = [
     "ENV_VARS",
     "SETTINGS",
     "TOP_LEVEL_KEYS",
+    "ConfigFile",
     "Overrides",
     "Setting",
     "Sourced",
@@ -199,7 +198,8 @@ SETTINGS: tuple[Setting, ...] = (
         "max_restarts",
         "--max-restarts",
         "N",
-        "Times a failed mp or ray worker group is restarted (0: fail-stop).",
+        "Times a failed worker group is restarted, by an executor that declares restarts "
+        "(mp, ray; 0: fail-stop).",
         _restarts,
         default=0,
     ),
@@ -268,6 +268,22 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
                 f"{hint} (known: {', '.join(sorted(known))})"
             )
     return found
+
+
+@dataclass
+class ConfigFile:
+    """A parsed config file: top-level settings and per-backend tables, each value sourced.
+
+    ``backend_tables`` maps each ``[backends.<name>]`` to where it is written, so that a table
+    naming no registered backend can be reported at its line.
+    """
+
+    path: Path
+    settings: dict[str, Sourced[Any]] = field(default_factory=dict)
+    env: Sourced[dict[str, str]] | None = None
+    backends: dict[str, dict[str, Sourced[Any]]] = field(default_factory=dict)
+    backend_env: dict[str, Sourced[dict[str, str]]] = field(default_factory=dict)
+    backend_tables: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

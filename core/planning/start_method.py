@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
-from hwlaunch.plan import REIMPORT_UNSAFE, RuntimeFacts
+from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import Overrides, Sourced
+from hwlaunch.runtime_facts import REIMPORT_UNSAFE, RuntimeFacts
 from hwlaunch.spec import BackendSpec, StartMethod
 
 __all__ = [
@@ -152,14 +153,14 @@ def disallowed(method: str, source: str, spec: BackendSpec) -> StartMethodError:
 
 
 def start_method(
-    spec: BackendSpec, executor: str, overrides: Overrides, notes: Notes, *, uses: bool
+    spec: BackendSpec, executor: ExecutorSpec, overrides: Overrides, notes: Notes
 ) -> StartMethod | None:
-    """The start method for an executor that ``uses`` one (mp; None for the others), with its
-    reason."""
+    """The start method for an executor that declares ``start_method`` (mp; None for the
+    others), with its reason."""
     if notes.facts.main_guard.status == "reimporting":
         raise reimport_error(notes.facts)
     chosen = overrides.lookup("start_method", spec.name)
-    if not uses:
+    if not executor.start_method:
         _not_used(spec, executor, chosen, notes)
         return None
     _check_daemonic(notes.facts)
@@ -176,18 +177,22 @@ def start_method(
     return notes.note("start_method", method, source, reason)  # type: ignore[no-any-return]
 
 
-NOT_USED = {
-    "uni": "not used: the uni executor starts no local processes",
-    "ray": "not used: Ray starts the worker processes",
-    "external": "not used: the launcher started the processes",
-}
+def not_used_reason(executor: ExecutorSpec) -> str:
+    """Why an executor has no start method, from what it declares."""
+    if executor.in_process and not executor.needs_launcher:
+        return f"not used: the {executor.name} executor starts no local processes"
+    if executor.ray:
+        return "not used: Ray starts the worker processes"
+    if executor.needs_launcher:
+        return "not used: the launcher started the processes"
+    return f"not used by the {executor.name} executor"
 
 
 def _not_used(
-    spec: BackendSpec, executor: str, chosen: Sourced[StartMethod] | None, notes: Notes
+    spec: BackendSpec, executor: ExecutorSpec, chosen: Sourced[StartMethod] | None, notes: Notes
 ) -> None:
-    """uni, ray and external start no local processes: a start method is checked against the
-    rule, then ignored with a warning."""
+    """An executor that uses no start method: a start method is checked against the rule,
+    then ignored with a warning."""
     if chosen is not None and chosen.value not in notes.facts.os_start_methods:
         raise not_offered(chosen.value, chosen.source, notes.facts)
     if chosen is not None and chosen.value not in spec.start_methods.allowed:
@@ -195,14 +200,9 @@ def _not_used(
     if chosen is not None:
         notes.warn(
             f"start method {chosen.value!r} from {chosen.source} is "
-            f"ignored: the {executor} executor does not use it"
+            f"ignored: the {executor.name} executor does not use it"
         )
-    notes.note(
-        "start_method",
-        None,
-        "rule",
-        NOT_USED.get(executor, f"not used by the {executor} executor"),
-    )
+    notes.note("start_method", None, "rule", not_used_reason(executor))
 
 
 def _check_daemonic(facts: RuntimeFacts) -> None:

@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 
-from hwlaunch.plan import ThreadFacts, ThreadInfo, ThreadKind
+from hwlaunch.runtime_facts import ThreadFacts, ThreadInfo, ThreadKind
 
 __all__ = ["OWN_THREADS", "probe_threads"]
 

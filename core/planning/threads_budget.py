@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hwlaunch.plan import RuntimeFacts
+from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import Overrides, Sourced
+from hwlaunch.runtime_facts import RuntimeFacts
 
 __all__ = ["THREAD_VARS", "thread_budget"]
 
@@ -30,7 +31,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 def thread_budget(
     backend: str,
-    executor: str,
+    executor: ExecutorSpec,
     adopts_launcher: bool,
     sizes: tuple[int, int],
     env: Mapping[str, str],
@@ -41,8 +42,8 @@ def thread_budget(
     """``(threads, variables)``: the workers' ``torch.set_num_threads`` (None: left alone) and
     what the budget adds to the plan's ``env``. ``sizes`` is (world size, nodes)."""
     requested = overrides.lookup("cpu_threads", backend)
-    if executor == "uni":
-        _not_applied(requested, notes)
+    if executor.in_process and not adopts_launcher:  # the worker's threads are the program's
+        _not_applied(executor.name, requested, notes)
         return None, {}
     share, fact = _share(adopts_launcher, sizes, notes.facts)
     user = _user_value(adopts_launcher, sizes, env, env_source, notes.facts)
@@ -75,17 +76,17 @@ def thread_budget(
     return threads, _variables(requested, threads, env, notes.facts)
 
 
-def _not_applied(requested: Sourced[int] | None, notes: Notes) -> None:
+def _not_applied(executor: str, requested: Sourced[int] | None, notes: Notes) -> None:
     notes.note(
         "cpu_threads",
         None,
         requested.source if requested is not None else "rule",
-        "not applied: the uni executor runs the worker in this process, whose threads are the "
-        "program's (call torch.set_num_threads there)",
+        f"not applied: the {executor} executor runs the worker in this process, whose threads "
+        "are the program's (call torch.set_num_threads there)",
     )
     if requested is not None:
         notes.warn(
-            f"cpu_threads {requested.value} (from {requested.source}) is not used: the uni "
+            f"cpu_threads {requested.value} (from {requested.source}) is not used: the {executor} "
             "executor runs the worker in this process, whose threads hwlaunch leaves alone"
         )
 

@@ -35,12 +35,13 @@ from typing import Any, ClassVar
 import pytest
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
-from hwlaunch.plan import Plan, RuntimeFacts
+from hwlaunch.plan import Plan
 from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.planning.policy import adjust
 from hwlaunch.planning.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
 from hwlaunch.planning.rules import decide
 from hwlaunch.planning.settings import Overrides, Sourced
+from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import START_METHODS, BackendSpec
 from hwlaunch.worker import Worker
 

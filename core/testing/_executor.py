@@ -28,7 +28,7 @@ import pytest
 
 from hwlaunch.errors import WorkerError, WorkerStartupError
 from hwlaunch.executor.base import Executor
-from hwlaunch.executor.launcher import executor_class, launch
+from hwlaunch.executor.launcher import launch, registered_executor
 from hwlaunch.planning.registry import load_registry
 from hwlaunch.planning.resolver import resolve
 from hwlaunch.worker import Worker
@@ -101,7 +101,7 @@ class ExecutorConformance:
             f"{sorted(registry.executors)}; failed plugins: "
             f"{[(p.name, p.error) for p in registry.failures]}"
         )
-        assert issubclass(executor_class(self.executor), Executor)
+        assert issubclass(registered_executor(self.executor)[1], Executor)
 
     def test_rank_order_and_process_group(self, pids: set[int]) -> None:
         n = self.size()

@@ -18,6 +18,7 @@ def hwlaunch_register_executors(register: RegisterExecutor) -> None:
             description="one worker in this process, on a thread of its own",
             max_world_size=1,
             max_nodes=1,
+            in_process=True,
         )
     )
     register(
@@ -27,6 +28,8 @@ def hwlaunch_register_executors(register: RegisterExecutor) -> None:
             description="local worker processes (fork, spawn or forkserver)",
             max_nodes=1,
             start_method=True,
+            restarts=True,
+            rpc_channel=True,
         )
     )
     register(
@@ -34,6 +37,8 @@ def hwlaunch_register_executors(register: RegisterExecutor) -> None:
             name="ray",
             executor="hwlaunch.executor.ray:RayExecutor",
             description="Ray actors in a placement group, across nodes",
+            restarts=True,
+            ray=True,
         )
     )
     register(
@@ -42,5 +47,6 @@ def hwlaunch_register_executors(register: RegisterExecutor) -> None:
             executor="hwlaunch.executor.external:ExternalExecutor",
             description="this process is one rank that torchrun, srun or mpirun started",
             needs_launcher=True,
+            in_process=True,
         )
     )

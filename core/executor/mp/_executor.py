@@ -91,13 +91,6 @@ class MultiprocExecutor(Executor):
     ) -> None:
         if plan.start_method is None:
             raise ValueError("the mp executor needs a plan with a start method")
-        self._rpc_id = 0
-        self._sentinels: list[int] = []  # the workers' process sentinels, in rank order
-        self._group = WorkerGroup(plan.world_size)
-        self._server: ForkServer | None = None  # the fork server of a forkserver plan
-        # exitpriority >= 0: runs in multiprocessing's atexit hook *before* it joins every
-        # non-daemonic child, so that join finds the workers already gone instead of hanging.
-        self._finalizer = Finalize(self, self._group.shutdown, exitpriority=50)
         super().__init__(
             plan,
             worker_extension,
@@ -105,6 +98,13 @@ class MultiprocExecutor(Executor):
             startup_timeout=startup_timeout,
             on_status=on_status,
         )
+        self._rpc_id = 0
+        self._sentinels: list[int] = []  # the workers' process sentinels, in rank order
+        self._group = WorkerGroup(plan.world_size)
+        self._server: ForkServer | None = None  # the fork server of a forkserver plan
+        # exitpriority >= 0: runs in multiprocessing's atexit hook *before* it joins every
+        # non-daemonic child, so that join finds the workers already gone instead of hanging.
+        self._finalizer = Finalize(self, self._group.shutdown, exitpriority=50)
 
     @property
     def pids(self) -> list[int | None]:
@@ -118,7 +118,7 @@ class MultiprocExecutor(Executor):
         return channel.spin if isinstance(channel, ShmChannel) else None
 
     # -- start-up ------------------------------------------------------------------------
-    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+    def start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
         plan, group = self.plan, self._group
         assert plan.start_method is not None
         ctx = multiprocessing.get_context(plan.start_method)
@@ -214,7 +214,7 @@ class MultiprocExecutor(Executor):
         group.pids.append(process.pid)
         group.identities.append(process_tree.identify(process.pid))
         child_conn.close()
-        self._status(rank, "started")
+        self.report_status(rank, "started")
 
     def _await_ready(self) -> None:
         """Wait for every rank's ready message; the first failure raises WorkerStartupError."""
@@ -237,10 +237,10 @@ class MultiprocExecutor(Executor):
                 raise self._startup_death(rank) from None
             if kind == "startup_error":
                 raise startup_failure(rank, value)
-            self._status(rank, "ready")
+            self.report_status(rank, "ready")
             return True
 
-        gather(pending, wait, take, self.startup_timeout, self._startup_timed_out)
+        gather(pending, wait, take, self.startup_timeout, self.startup_timed_out)
 
     def _startup_death(self, rank: int) -> WorkerStartupError:
         process = self._group.processes[rank]
@@ -252,16 +252,16 @@ class MultiprocExecutor(Executor):
         )
 
     # -- RPC -----------------------------------------------------------------------------
-    def _exchange(
+    def exchange(
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         group = self._group
         payload = dumps(request)
-        if group.closing:
+        if group.state.closed:
             group.await_cleanup()
         with group.lock:
-            if group.closing:
-                raise group.died or self._closed_during(label)
+            if group.state.closed:
+                raise group.state.died or self.closed_during(label)
             group.rpc_thread = threading.get_ident()
         try:
             self._rpc_id = rpc_id = self._rpc_id + 1
@@ -286,7 +286,7 @@ class MultiprocExecutor(Executor):
         except ChannelLost as lost:
             raise self._lost(lost.rank, label) from None
         except TimeoutError:
-            raise self._timed_out(label, list(range(group.world_size)), timeout) from None
+            raise self.timed_out(label, list(range(group.world_size)), timeout) from None
         results: list[Any] = [None] * group.world_size
         failures: dict[int, Failure] = {}
         pending = list(range(group.world_size))
@@ -295,7 +295,7 @@ class MultiprocExecutor(Executor):
             if deadline is not None:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise self._timed_out(label, pending, timeout)
+                    raise self.timed_out(label, pending, timeout)
             try:
                 replies, ended = channel.receive(pending, remaining, sentinels, _decode_reply)
             except ChannelLost as lost:
@@ -316,27 +316,27 @@ class MultiprocExecutor(Executor):
         """A worker's pipe or process ended during an RPC: its death, or our own shutdown."""
         died = self._group.record_death(rank)
         if died is None:
-            return self._closed_during(label)
-        self._died = self._died or died
-        self._close(f"worker rank {died.rank} died")
+            return self.closed_during(label)
+        self.state.record_death(died)
+        self.state.close(f"worker rank {died.rank} died")
         return died
 
     # -- state and stop ------------------------------------------------------------------
-    def _raise_if_closed(self) -> None:
+    def raise_if_closed(self) -> None:
         group = self._group
-        if not group.closing and self._closed_because is None and self._died is None:
-            return  # the common case, read without the lock; _exchange checks again under it
+        if not group.state.closed and not self.state.closed and self.state.died is None:
+            return  # the common case, read without the lock; exchange checks again under it
         group.await_cleanup()
         with group.lock:
-            died, closing, because = group.died, group.closing, group.closed_because
+            died, because = group.state.died, group.state.reason
         if died is not None:
-            self._died = self._died or died
-        if closing:
-            self._close(because)
-        super()._raise_if_closed()
+            self.state.record_death(died)
+        if because is not None:
+            self.state.close(because)
+        super().raise_if_closed()
 
     def check_health(self) -> None:
-        self._raise_if_closed()
+        self.raise_if_closed()
         ended = [r for r, p in enumerate(self._group.processes) if p.exitcode is not None]
         if ended:
             raise self._lost(ended[0], "check_health")
@@ -346,7 +346,7 @@ class MultiprocExecutor(Executor):
         # On the group, not self: the group's finalizer must not keep the executor alive.
         self._group.on_death = callback
 
-    def _stop(self, polite: bool = True) -> None:
+    def stop_ranks(self, polite: bool = True) -> None:
         self._finalizer.cancel()
         # returns at once, or waits for a shutdown in progress elsewhere
-        self._group.shutdown(polite=polite, reason=self._closed_because)
+        self._group.shutdown(polite=polite, reason=self.state.reason)

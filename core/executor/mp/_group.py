@@ -20,6 +20,7 @@ from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._messages import SHUTDOWN, request_head
 from hwlaunch.executor.mp._pipe_channel import Channel
 from hwlaunch.executor.mp._shm_channel import ChannelLost
+from hwlaunch.executor.state import ClosedState
 
 __all__ = ["EXIT_CODE_WAIT", "WorkerGroup"]
 
@@ -52,10 +53,8 @@ class WorkerGroup:
         self.wake_w: Connection | None = None
         self.monitor: threading.Thread | None = None
         self.lock = threading.Lock()
-        self.died: WorkerDiedError | None = None  # the first unexpected death
+        self.state = ClosedState()  # closed once shutdown has begun; the first unexpected death
         self.on_death: Callable[[WorkerDiedError], None] | None = None  # the restart controller
-        self.closing = False  # shutdown has begun
-        self.closed_because = "shutdown() was called"
         self.finished = threading.Event()  # shutdown has ended: every worker is gone
         self.rpc_thread: int | None = None  # ident of the thread inside collective_rpc
         self.release_pending = False  # the RPC thread closes the pipes when it leaves
@@ -69,11 +68,11 @@ class WorkerGroup:
         the shutdown's doing, not a death). With ``wait``, returns once every worker is gone.
         """
         with self.lock:
-            if self.died is None and not self.closing:
+            if self.state.died is None and not self.state.closed:
                 process = self.processes[rank]
                 process.join(EXIT_CODE_WAIT)  # it has ended or is ending: collect its exit code
-                self.died = WorkerDiedError(rank, self.pids[rank], process.exitcode)
-            died = self.died
+                self.state.record_death(WorkerDiedError(rank, self.pids[rank], process.exitcode))
+            died = self.state.died
         self.shutdown(polite=False, wait=wait)
         return died
 
@@ -82,7 +81,7 @@ class WorkerGroup:
         assert self.wake_r is not None
         sentinels = {p.sentinel: rank for rank, p in enumerate(self.processes)}
         ready = connection.wait([*sentinels, self.wake_r])
-        if self.wake_r in ready or self.closing:
+        if self.wake_r in ready or self.state.closed:
             return
         rank = min(sentinels[s] for s in ready if isinstance(s, int) and s in sentinels)
         # Not waiting: a shutdown already in progress elsewhere joins this thread.
@@ -100,17 +99,14 @@ class WorkerGroup:
         so that when any shutdown returns, the workers are gone.
         """
         with self.lock:
-            first = not self.closing
-            self.closing = True
-            if first and reason is not None:
-                self.closed_because = reason
+            first = self.state.close(reason or "shutdown() was called")
             in_rpc = self.rpc_thread is not None
         if not first:
             if wait:
                 self.finished.wait(SHUTDOWN_GRACE + 3 * SIGNAL_GRACE)
             return
         try:
-            self._stop_workers(polite and not in_rpc and self.died is None)
+            self._stop_workers(polite and not in_rpc and self.state.died is None)
             if self.monitor is not None and self.monitor is not threading.current_thread():
                 self.monitor.join(SIGNAL_GRACE)
             with self.lock:
@@ -184,7 +180,7 @@ class WorkerGroup:
     def await_cleanup(self) -> None:
         """A shutdown in progress (after a death, from another thread) ends first, so that an
         error raised after it describes a group whose processes, descendants too, are gone."""
-        if self.closing:
+        if self.state.closed:
             self.finished.wait(SHUTDOWN_GRACE + 3 * SIGNAL_GRACE)
 
     def leave_rpc(self) -> None:

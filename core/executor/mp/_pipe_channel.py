@@ -13,8 +13,8 @@ from collections.abc import Callable, Collection, Sequence
 from multiprocessing import connection
 from multiprocessing.connection import Connection
 
+from hwlaunch.channels import SPIN_WITH_FREE_CPUS
 from hwlaunch.executor.mp._shm_channel import Buffer, ChannelLost, ShmChannel, ShmEndpoint, T
-from hwlaunch.plan import SPIN_WITH_FREE_CPUS
 
 
 class PipeChannel:

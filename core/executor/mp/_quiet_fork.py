@@ -21,8 +21,6 @@ import contextlib
 import warnings
 from collections.abc import Iterator
 
-from hwlaunch.planning.threads import probe_threads
-
 _MESSAGE = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks"
 
 
@@ -30,6 +28,10 @@ def only_own_threads() -> bool:
     """Every thread but this one is a fork-safe hwlaunch thread: the resolver's own threads
     fact (``probe_threads``) sees no other, native ones included. Without /proc native threads
     cannot be counted, and the warning is left to CPython."""
+    # Imported here, in the parent only: a worker importing any hwlaunch.executor.mp module
+    # loads this package's __init__, and worker-side code must not load the planning layer.
+    from hwlaunch.planning.threads import probe_threads
+
     threads = probe_threads()
     return not threads.others and threads.source == "/proc/self/task"
 

@@ -44,6 +44,7 @@ from hwlaunch.executor.ray._placement import (
     placement_strategy,
     rank_order,
 )
+from hwlaunch.executor.state import ClosedState
 from hwlaunch.plan import Plan
 
 __all__ = ["RayExecutor"]
@@ -78,10 +79,9 @@ class _ActorGroup:
         self.pg: Any = None
         self.actors: list[Any] = []
         self.nodes: list[RankNode] = []
-        self.closed = False
+        self.state = ClosedState()  # closed by shutdown; the first unexpected death
         self.busy = False
         self.lock = threading.Lock()
-        self.died: WorkerDiedError | None = None  # the first unexpected death
         self.released = False  # this group's use of the connection has ended
         self.monitor: threading.Thread | None = None
         self.on_death: Callable[[WorkerDiedError], None] | None = None  # the restart controller
@@ -90,15 +90,17 @@ class _ActorGroup:
     def record_death(self, rank: int, exc: BaseException) -> WorkerDiedError | None:
         """The first death of an actor (None when the group was closed on purpose)."""
         with self.lock:
-            if self.died is None and not self.closed:
+            if self.state.died is None and not self.state.closed:
                 node = self.nodes[rank] if rank < len(self.nodes) else None
                 where = (
                     f"Ray actor on node {node.node_ip} (id {node.node_id[:12]}), {ray_reason(exc)}"
                     if node
                     else f"Ray actor, {ray_reason(exc)}"
                 )
-                self.died = WorkerDiedError(rank, node.pid if node else None, None, where)
-            return self.died
+                self.state.record_death(
+                    WorkerDiedError(rank, node.pid if node else None, None, where)
+                )
+            return self.state.died
 
     def start_monitor(self) -> None:
         """Watch every actor between (and during) calls; see the module docstring."""
@@ -115,7 +117,7 @@ class _ActorGroup:
         ray = self.ray
         errors = importlib.import_module("ray.exceptions")
         ready: list[Any] = []
-        while not self.closed:
+        while not self.state.closed:
             try:
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=MONITOR_POLL)
                 if ready:
@@ -139,8 +141,7 @@ class _ActorGroup:
         calls, ends it.
         """
         with self.lock:
-            first = not self.closed
-            self.closed = True
+            first = self.state.close("shutdown() was called")
             release_now = self.owns_connection and not keep_connection and not self.released
             self.released = self.released or release_now
         ray = self.ray
@@ -179,14 +180,6 @@ class RayExecutor(Executor):
         startup_timeout: float | None = None,
         on_status: StatusCallback | None = None,
     ) -> None:
-        ray = import_ray(loopback=plan.ray_address is None)
-        connection_warnings: list[str] = []
-        self._group = _ActorGroup(ray, connect(ray, plan, connection_warnings))
-        self._finalizer = weakref.finalize(self, self._group.shutdown)
-        # Registered after Ray's own exit hook, so it runs before Ray disconnects.
-        atexit.register(self._finalizer)
-        self._errors = importlib.import_module("ray.exceptions")
-        self._pending_warnings = connection_warnings
         super().__init__(
             plan,
             worker_extension,
@@ -194,6 +187,12 @@ class RayExecutor(Executor):
             startup_timeout=startup_timeout,
             on_status=on_status,
         )
+        ray = import_ray(loopback=plan.ray_address is None)
+        self._group = _ActorGroup(ray, connect(ray, plan, self.warnings))
+        self._finalizer = weakref.finalize(self, self._group.shutdown)
+        # Registered after Ray's own exit hook, so it runs before Ray disconnects.
+        atexit.register(self._finalizer)
+        self._errors = importlib.import_module("ray.exceptions")
 
     @property
     def nodes(self) -> list[RankNode]:
@@ -205,8 +204,7 @@ class RayExecutor(Executor):
         return [node.pid for node in self._group.nodes]
 
     # -- start-up ------------------------------------------------------------------------
-    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
-        self.warnings += self._pending_warnings
+    def start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
         group, plan, ray = self._group, self.plan, self._group.ray
         strategy = placement_strategy(plan)
         group.pg = ray.util.placement_group(
@@ -233,7 +231,7 @@ class RayExecutor(Executor):
         places = self._await(
             [a.place.remote(plan.ray_resource, r == 0) for r, a in enumerate(group.actors)],
             deadline,
-            lambda rank, place: self._status(rank, "started"),
+            lambda rank, place: self.report_status(rank, "started"),
         )
         group.nodes = [
             RankNode(rank, local[rank][0], p["node_id"], p["node_ip"], p["pid"])
@@ -297,7 +295,7 @@ class RayExecutor(Executor):
             raise WorkerStartupError(
                 rank, f"{failure.exc_type}: {failure.message}", failure.traceback
             )
-        self._status(rank, "ready")
+        self.report_status(rank, "ready")
 
     def _await(
         self, refs: list[Any], deadline: float, on_result: Callable[[int, Any], None]
@@ -323,7 +321,7 @@ class RayExecutor(Executor):
             self._wait_one,
             take,
             max(deadline - time.monotonic(), 0.0),
-            self._startup_timed_out,
+            self.startup_timed_out,
         )
         return results
 
@@ -332,7 +330,7 @@ class RayExecutor(Executor):
         return list(ready)
 
     # -- RPC -----------------------------------------------------------------------------
-    def _exchange(
+    def exchange(
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         group, ray = self._group, self._group.ray
@@ -363,7 +361,7 @@ class RayExecutor(Executor):
                 self._wait_one,
                 take,
                 timeout,
-                lambda ranks: self._timed_out(label, ranks, timeout),
+                lambda ranks: self.timed_out(label, ranks, timeout),
             )
         finally:
             group.busy = False
@@ -372,16 +370,16 @@ class RayExecutor(Executor):
     def _actor_died(self, rank: int, label: str, exc: BaseException) -> Exception:
         died = self._group.record_death(rank, exc)
         if died is None:
-            return self._closed_during(label)
-        return self._worker_died(died)
+            return self.closed_during(label)
+        return self.worker_died(died)
 
     # -- state and stop ------------------------------------------------------------------
-    def _raise_if_closed(self) -> None:
-        died = self._group.died  # seen by the monitor between calls
+    def raise_if_closed(self) -> None:
+        died = self._group.state.died  # seen by the monitor between calls
         if died is not None:
-            self._died = self._died or died
-            self._close(f"worker rank {died.rank} died")
-        super()._raise_if_closed()
+            self.state.record_death(died)
+            self.state.close(f"worker rank {died.rank} died")
+        super().raise_if_closed()
 
     def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
         # On the group, not self: the group's finalizer must not keep the executor alive.
@@ -389,10 +387,10 @@ class RayExecutor(Executor):
 
     def stop_group(self) -> None:
         """Kill the actors and free the placement group; keep the connection for a restart."""
-        self._close("the group is being restarted")
+        self.state.close("the group is being restarted")
         self._group.shutdown(polite=False, keep_connection=True)
 
-    def _stop(self, polite: bool = True) -> None:
+    def stop_ranks(self, polite: bool = True) -> None:
         keep = self._group.on_death is not None  # a restart controller ends the connection
         if polite:
             self._finalizer()

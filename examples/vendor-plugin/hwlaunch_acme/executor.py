@@ -5,9 +5,10 @@ a vendor's device-binding launcher), which hwlaunch's mp executor knows nothing 
 plugin brings its own executor: each rank is ``$ACME_LAUNCHER python -m hwlaunch_acme.rank``,
 started with ``subprocess`` and driven over its stdin and stdout (hwlaunch_acme.channel).
 
-It uses only hwlaunch's public API: the Executor base class (which owns construction, state,
-the RPC entry point and the error vocabulary; this class starts the ranks, exchanges one message
-with each, and stops them), and the worker-side functions in ``hwlaunch.executor`` that the
+It uses only hwlaunch's public API: the Executor base class (which owns the state, the RPC
+entry point and the error vocabulary; this class implements its public extension points
+``start_ranks``, ``exchange`` and ``stop_ranks``, and reports through ``report_status``,
+``timed_out``, ``worker_died`` and ``startup_timed_out``), and the worker-side functions in ``hwlaunch.executor`` that the
 built-in executors use too, so its workers behave the same.
 """
 
@@ -34,7 +35,7 @@ STOP_WAIT = 5.0  # seconds a rank gets to leave its process group before it is k
 class AcmeSubprocessExecutor(Executor):
     """Each rank a subprocess started through ``$ACME_LAUNCHER``, driven over its pipes."""
 
-    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+    def start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
         self._procs: list[subprocess.Popen[bytes]] = []
         self._stop_lock = threading.Lock()
         self._stopped = False
@@ -51,18 +52,18 @@ class AcmeSubprocessExecutor(Executor):
             self._procs.append(proc)
             start = (self.plan, extension, rank, "127.0.0.1", port, init_distributed)
             self._send(rank, dumps(start))
-            self._status(rank, "started")
+            self.report_status(rank, "started")
         replies, pending = self._gather(self.startup_timeout)
         if pending:
-            raise self._startup_timed_out(pending)
+            raise self.startup_timed_out(pending)
         for rank, (ok, value) in replies.items():
             if not ok:
                 raise WorkerStartupError(
                     rank, f"{value.exc_type}: {value.message}", value.traceback
                 )
-            self._status(rank, "ready")
+            self.report_status(rank, "ready")
 
-    def _exchange(
+    def exchange(
         self, request: Any, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         payload = dumps(request)
@@ -70,7 +71,7 @@ class AcmeSubprocessExecutor(Executor):
             self._send(rank, payload)
         replies, pending = self._gather(timeout)
         if pending:
-            raise self._timed_out(label, pending, timeout)
+            raise self.timed_out(label, pending, timeout)
         failures = {rank: value for rank, (ok, value) in replies.items() if not ok}
         return [value if ok else None for ok, value in replies.values()], failures
 
@@ -81,13 +82,13 @@ class AcmeSubprocessExecutor(Executor):
         try:
             write_frame(stdin, payload)
         except (BrokenPipeError, OSError):
-            self._died(rank)
+            self._rank_died(rank)
 
-    def _died(self, rank: int) -> None:
+    def _rank_died(self, rank: int) -> None:
         proc = self._procs[rank]
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(STOP_WAIT)
-        raise self._worker_died(WorkerDiedError(rank, proc.pid, proc.returncode, "acme-sub"))
+        raise self.worker_died(WorkerDiedError(rank, proc.pid, proc.returncode, "acme-sub"))
 
     def _gather(self, timeout: float | None) -> tuple[dict[int, tuple[bool, Any]], list[int]]:
         """One reply from every rank, in rank order, and the ranks silent at the deadline."""
@@ -106,7 +107,7 @@ class AcmeSubprocessExecutor(Executor):
                     rank = key.data
                     chunk = os.read(key.fd, 1 << 20)
                     if not chunk:
-                        self._died(rank)
+                        self._rank_died(rank)
                     buffers[rank] += chunk
                     data = buffers[rank]
                     if len(data) >= HEADER.size:
@@ -116,7 +117,7 @@ class AcmeSubprocessExecutor(Executor):
                             selector.unregister(key.fileobj)
         return dict(sorted(replies.items())), []
 
-    def _stop(self, polite: bool = True) -> None:
+    def stop_ranks(self, polite: bool = True) -> None:
         """Ask every rank to stop (an empty frame), then kill what is still running."""
         with self._stop_lock:
             if self._stopped:

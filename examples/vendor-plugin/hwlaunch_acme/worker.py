@@ -28,8 +28,8 @@ class AcmeWorker(Worker):
         visible = [v.strip() for v in os.environ.get(VISIBLE_VAR, "").split(",") if v.strip()]
         index = self.device_index
         self.acme_device = visible[index] if index < len(visible) else str(index)
-        # A real plugin: `import acme_runtime; acme_runtime.set_device(self.local_rank)` and
-        # `self.device = torch.device("acme", self.local_rank)`. The emulation computes on the CPU.
+        # A real plugin: `import acme_runtime; acme_runtime.set_device(index)` and
+        # `self.device = torch.device("acme", index)`. The emulation computes on the CPU.
         self.device = torch.device("cpu")
 
     # init_distributed() and shutdown() are inherited: the base class joins a torch.distributed

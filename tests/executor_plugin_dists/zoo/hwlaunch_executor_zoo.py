@@ -1,4 +1,4 @@
-"""Executor plugins for the tests: one that works, and three broken in different ways."""
+"""Executor plugins for the tests: two that work, and three broken in different ways."""
 
 from __future__ import annotations
 
@@ -16,6 +16,26 @@ class Inline:
                 description="the worker on the caller's own thread",
                 max_world_size=1,
                 max_nodes=1,
+            )
+        )
+
+
+class Restarting:
+    """Local processes under a name of its own, declaring what mp declares: the rules must give
+    it the start method, the rpc channel and restarts by its capabilities, not by its name."""
+
+    @staticmethod
+    @hookimpl
+    def hwlaunch_register_executors(register: RegisterExecutor) -> None:
+        register(
+            ExecutorSpec(
+                name="zoo-procs",
+                executor="hwlaunch.executor.mp:MultiprocExecutor",
+                description="local processes, restartable",
+                max_nodes=1,
+                start_method=True,
+                restarts=True,
+                rpc_channel=True,
             )
         )
 

@@ -21,7 +21,7 @@ class InlineExecutor(Executor):
 
     worker: Any = None
 
-    def _start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+    def start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
         try:
             self.worker = start_worker(
                 self.plan,
@@ -36,13 +36,13 @@ class InlineExecutor(Executor):
             failure = Failure.current(exc)
             raise WorkerStartupError(0, f"{failure.exc_type}: {failure.message}") from None
 
-    def _exchange(
+    def exchange(
         self, request: Any, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         ok, value = loads(answer(self.worker, dumps(request)))
         return ([value], {}) if ok else ([None], {0: value})
 
-    def _stop(self, polite: bool = True) -> None:
+    def stop_ranks(self, polite: bool = True) -> None:
         worker, self.worker = self.worker, None
         if worker is not None:
             worker.shutdown()
