@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -50,3 +56,25 @@ def kill_all(procs: Iterable[psutil.Process]) -> list[int]:
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc.kill()
     return left
+
+
+def run_json_script(
+    script: Path,
+    *args: str,
+    drop_env: tuple[str, ...] = ("HWLAUNCH_",),
+    timeout: float = 180,
+) -> dict[str, Any]:
+    """Run ``script`` in a fresh interpreter, in its own directory and without the variables
+    that start with ``drop_env``; return the JSON object it printed last on stdout."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop_env)}
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=script.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result

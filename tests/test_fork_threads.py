@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import run_json_script
 
 import hwlaunch
 from hwlaunch.planning.threads import probe_threads
@@ -228,18 +229,7 @@ if __name__ == "__main__":
 def run_program(tmp_path: Path, source: str, *args: str) -> dict[str, Any]:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(source))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HWLAUNCH_", "OMP_"))}
-    proc = subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return run_json_script(script, *args, drop_env=("HWLAUNCH_", "OMP_"))
 
 
 def need_two_cpus() -> None:

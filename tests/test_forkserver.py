@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import run_json_script
 
 import hwlaunch
 from hwlaunch.executor.mp import _forkserver as hw_forkserver
@@ -44,18 +43,7 @@ def run_parent(tmp_path: Path, body: str) -> dict[str, Any]:
         'if __name__ == "__main__":\n'
         "    main()\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=150,
-    )
-    assert proc.returncode == 0, proc.stderr
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return run_json_script(script, timeout=150)
 
 
 # -- real fork servers ---------------------------------------------------------------------------

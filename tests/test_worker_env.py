@@ -22,6 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
+from processes import run_json_script
 
 METHODS = ("fork", "spawn", "forkserver")
 pytestmark = pytest.mark.timeout(240)
@@ -70,23 +71,8 @@ def run_program(tmp_path: Path, body: str, config: str = "") -> dict[str, Any]:
     (tmp_path / "hwlaunch.toml").write_text(config)
     script = tmp_path / "program.py"
     script.write_text(PROGRAM.replace("{body}", textwrap.indent(textwrap.dedent(body), "    ")))
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HWLAUNCH_", "HWPROBE_"))
-        and k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
-    }
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=200,
-    )
-    assert proc.returncode == 0, proc.stderr
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    drop = ("HWLAUNCH_", "HWPROBE_", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    return run_json_script(script, drop_env=drop, timeout=200)
 
 
 @pytest.mark.parametrize("method", METHODS)
