@@ -163,14 +163,20 @@ def _assume_device(
     return DeviceFacts(available, count, initialized)
 
 
+def _one_of(key: str, raw: object, where: str, allowed: tuple[str, ...]) -> str:
+    """An assumed value that must be one of ``allowed``, else an error with a did-you-mean."""
+    value = str(raw).strip()
+    if value not in allowed:
+        raise ConfigError(
+            f"invalid value {raw!r} for {key} from {where}"
+            f"{did_you_mean(value, allowed)} (allowed: {', '.join(allowed)})"
+        )
+    return value
+
+
 def _assumed_launcher(raw: object, where: str) -> LauncherInfo:
     """What this launcher's variables say here, if any: a what-if for another machine."""
-    name = str(raw).strip()
-    if name not in LAUNCHERS:
-        raise ConfigError(
-            f"invalid value {raw!r} for launcher from {where}"
-            f"{did_you_mean(name, LAUNCHERS)} (allowed: {', '.join(LAUNCHERS)})"
-        )
+    name = _one_of("launcher", raw, where, LAUNCHERS)
     known = LAUNCHERS[LAUNCHERS.index(name)]  # the Literal, typed
     return replace(launcher_of(known), evidence=where)
 
@@ -205,13 +211,8 @@ def _assumed_threads(raw: object, where: str, probed: ThreadFacts) -> ThreadFact
 
 
 def _assumed_main_guard(raw: object, where: str) -> MainGuard:
-    status = str(raw).strip()
-    if status not in MAIN_GUARD_VALUES:
-        raise ConfigError(
-            f"invalid value {raw!r} for main_guard from {where}"
-            f"{did_you_mean(status, MAIN_GUARD_VALUES)} (allowed: {', '.join(MAIN_GUARD_VALUES)})"
-        )
-    return MainGuard(status, detail="assumed")
+    status = _one_of("main_guard", raw, where, MAIN_GUARD_VALUES)
+    return MainGuard(MAIN_GUARD_VALUES[MAIN_GUARD_VALUES.index(status)], detail="assumed")
 
 
 def apply_assumptions(
