@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
 from typing import Any, TypeVar
@@ -39,6 +39,7 @@ from hwlaunch.executor._runtime import (
     encode_method,
     method_label,
 )
+from hwlaunch.executor._watchdog import Watchdog, stall_text
 from hwlaunch.executor.state import ClosedState
 from hwlaunch.plan import Plan
 from hwlaunch.spec import select_env
@@ -58,6 +59,7 @@ __all__ = [
 StatusCallback = Callable[[int, str], None]
 K = TypeVar("K", bound=Hashable)
 HEALTH_TIMEOUT = 30.0  # seconds check_health() waits for every worker's ping
+STACKS_TIMEOUT = 5.0  # seconds dump_stacks() waits for each rank's answer
 
 
 # A plan from resolve() is plain data; one built or changed by hand may hold anything.
@@ -99,6 +101,10 @@ class Executor(ABC):
             check_picklable(plan, "plan", ForkingPickler.dumps, why, _PLAN_FIX)
         self._init_distributed = init_distributed
         self._start_called = False
+        self._watchdog: Watchdog | None = None  # started by the first call (rpc_warn_after)
+        # The ranks the call in progress still waits for, kept current by an exchange that
+        # can tell (the watchdog names them); None: every rank.
+        self.waiting_on: Collection[int] | None = None
 
     def start(self) -> Executor:
         """Start every rank (``start_ranks``) and return this executor, ready for calls.
@@ -219,6 +225,12 @@ class Executor(ABC):
         """One collective call under the RPC lock, its failures in the error vocabulary."""
         with self._rpc_lock:
             self.raise_if_closed()
+            watchdog = self._watchdog
+            if watchdog is None and self.plan.rpc_warn_after > 0:
+                watchdog = self._watchdog = Watchdog(self.plan.rpc_warn_after, self._stalled)
+            self.waiting_on = None
+            if watchdog is not None:
+                watchdog.begin(label)
             try:
                 results, failures = self.exchange(request, label, timeout, reply_rank)
             except BaseException as exc:
@@ -230,6 +242,9 @@ class Executor(ABC):
                     )
                     self.stop_ranks(polite=False)
                 raise
+            finally:
+                if watchdog is not None:
+                    watchdog.end()
         if failures:
             raise_first_failure(failures)
         return results
@@ -242,7 +257,49 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Stop every worker; never hangs; safe to call more than once."""
         self.state.close("shutdown() was called")
+        if self._watchdog is not None:
+            self._watchdog.stop()
         self.stop_ranks()
+
+    def dump_stacks(
+        self, ranks: Iterable[int] | None = None, timeout: float = STACKS_TIMEOUT
+    ) -> dict[int, str]:
+        """Each rank's current Python stack (every thread of it), read without stopping it:
+        ``{rank: text}``, for ``ranks`` (default: all). Works during a call, from another
+        thread; a rank that does not answer within ``timeout`` seconds gets a line saying so.
+        """
+        self.raise_if_closed()
+        wanted = list(range(self.world_size)) if ranks is None else sorted(set(ranks))
+        for rank in wanted:
+            self._check_reply_rank(rank)
+        return self.rank_stacks(wanted, timeout)
+
+    def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
+        """Extension point: the ranks' stacks (see ``dump_stacks``); within ``timeout``
+        seconds, never raising. An executor that cannot read them returns what it can ({})."""
+        del ranks, timeout
+        return {}
+
+    def _stalled(self, label: str, waited: float, next_after: float) -> str:
+        """The watchdog's warning for the call in progress (see ``_watchdog``)."""
+        ranks = self._silent_ranks()
+        return stall_text(
+            label,
+            waited,
+            next_after,
+            ranks,
+            self.rank_stacks(ranks, STACKS_TIMEOUT),
+            _decision_source(self.plan, "rpc_warn_after"),
+        )
+
+    def _silent_ranks(self) -> list[int]:
+        waiting = self.waiting_on
+        if waiting is not None:
+            try:
+                return sorted(waiting)
+            except RuntimeError:  # changed while read (a reply came): read it again later
+                pass
+        return list(range(self.world_size))
 
     def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
         """Have ``callback(error)`` called, from a monitor thread, when a worker dies between
@@ -286,10 +343,12 @@ class Executor(ABC):
         return first
 
     def timed_out(self, label: str, ranks: list[int], timeout: float | None) -> RpcTimeoutError:
-        """A collective that hung leaves the process group unusable: close, stop, report."""
+        """A collective that hung leaves the process group unusable: read where the silent
+        ranks are stuck, then close, stop, report."""
+        stacks = self.rank_stacks(ranks, STACKS_TIMEOUT)
         self.state.close(f"collective_rpc {label!r} timed out")
         self.stop_ranks(polite=False)
-        return RpcTimeoutError(label, ranks, timeout or 0.0)
+        return RpcTimeoutError(label, ranks, timeout or 0.0, stacks)
 
     def startup_timed_out(self, ranks: Iterable[int]) -> WorkerStartupError:
         pending = sorted(ranks)

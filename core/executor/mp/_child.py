@@ -32,6 +32,8 @@ from hwlaunch.executor._mainprep import (
     reimport_main,
 )
 from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.executor._stacks import start_stack_thread
+from hwlaunch.executor.mp import _driver_death as driver_death
 from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._messages import SHUTDOWN, parse_request
 from hwlaunch.executor.mp._shm_channel import ShmEndpoint
@@ -43,6 +45,7 @@ PR_SET_PDEATHSIG = 1
 _exiting = threading.Lock()
 _exiting_thread: int | None = None
 _death_r: Connection | None = None
+_parent_at_start = -1  # this worker's parent (the driver, or the fork server) when it started
 
 
 def _parent_gone() -> bool:
@@ -90,9 +93,24 @@ def _end_process_tree(code: int, *, exit_now: bool = True) -> None:
 
 
 def _watch_parent(death_r: Connection) -> None:
-    with contextlib.suppress(EOFError, OSError):
-        death_r.recv_bytes()  # the parent never writes: this returns only by EOF
-    _end_process_tree(1)
+    """The parent writes END_NOW when it ends this worker on purpose; EOF alone means that it
+    died, and the worker runs its own shutdown() first (``_driver_death``)."""
+    told = b""
+    with contextlib.suppress(OSError):
+        told = os.read(death_r.fileno(), 1)
+    if told:
+        _end_process_tree(1)
+    else:
+        driver_death.begin(_end_process_tree)
+
+
+def _on_sigterm(*_: object) -> None:
+    """SIGTERM from the live parent ends the worker now; with the parent gone it is
+    PR_SET_PDEATHSIG, and the worker shuts down in order first."""
+    if os.getppid() != _parent_at_start:
+        driver_death.begin(_end_process_tree)
+    else:
+        _end_process_tree(128 + signal.SIGTERM)
 
 
 def _default_sigterm() -> None:
@@ -100,11 +118,12 @@ def _default_sigterm() -> None:
 
 
 def _install_liveness(death_r: Connection, pdeathsig: bool, parent_pid: int | None) -> None:
-    global _death_r
+    global _death_r, _parent_at_start
     _death_r = death_r
+    _parent_at_start = os.getppid()
     process_tree.arm()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    signal.signal(signal.SIGTERM, lambda *_: _end_process_tree(128 + signal.SIGTERM))
+    signal.signal(signal.SIGTERM, _on_sigterm)
     # A child this worker forks (a multiprocessing or DataLoader worker) must not inherit the
     # handler above: its own SIGTERM should end it the ordinary way (exit code -15).
     os.register_at_fork(after_in_child=_default_sigterm)
@@ -131,6 +150,7 @@ def worker_main(
     replace_environ: bool,
     conn: Connection,
     channel: Connection | ShmEndpoint,
+    stacks: Connection,
     death_r: Connection,
     inherited_fds: tuple[int, ...],
     pdeathsig: bool,
@@ -151,6 +171,7 @@ def worker_main(
         os.environ.clear()
     os.environ.update(env)
     _install_liveness(death_r, pdeathsig, parent_pid)
+    start_stack_thread(stacks)
     if main is not None:
         _reimport_or_fail(main, conn, plan.start_method)
     guard = plan.facts.main_guard if plan.facts is not None else None
@@ -174,9 +195,12 @@ def worker_main(
         )
     except BaseException as exc:
         _fail_startup(conn, Failure.current(exc))
+    driver_death.register(worker, rank, plan.shutdown_timeout)
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
-    serve(worker, rank, channel)
-    _end_process_tree(0, exit_now=False)  # told to shut down, or the parent's pipe closed
+    if not serve(worker, rank, channel):  # the channel ended: the parent is gone
+        driver_death.begin(_end_process_tree)
+        driver_death.wait()
+    _end_process_tree(0, exit_now=False)  # told to shut down
 
 
 def _reimport_or_fail(main: tuple[str, str], conn: Connection, method: str | None) -> None:
@@ -200,8 +224,9 @@ def _fail_startup(conn: Connection, failure: Failure) -> NoReturn:
     os._exit(1)  # not reached: another path is ending the process
 
 
-def serve(worker: Any, rank: int, channel: Connection | ShmEndpoint) -> None:
-    """Answer requests (``hwlaunch.executor.mp._messages``) with ``(rpc_id, ok, value)``.
+def serve(worker: Any, rank: int, channel: Connection | ShmEndpoint) -> bool:
+    """Answer requests (``hwlaunch.executor.mp._messages``) with ``(rpc_id, ok, value)``;
+    return True when told to shut down, False when the channel ended (the parent is gone).
 
     ``channel`` is this rank's pipe or its shared-memory endpoint; both read and write whole
     messages. With a ``reply_rank`` other than this rank, the value stays here (None travels).
@@ -210,12 +235,12 @@ def serve(worker: Any, rank: int, channel: Connection | ShmEndpoint) -> None:
         try:
             kind, rpc_id, reply_rank, payload = parse_request(channel.recv_bytes())
         except (EOFError, OSError):
-            break
+            return False
         if kind == SHUTDOWN:
             try:
                 worker.shutdown()
             finally:
                 channel.send_bytes(pickle.dumps((rpc_id, True, None)))
-            break
+            return True
         keep = reply_rank is None or reply_rank == rank
         channel.send_bytes(answer(worker, payload, rpc_id, keep_value=keep))
