@@ -39,6 +39,7 @@ from hwlaunch.executor._runtime import (
     encode_method,
     method_label,
 )
+from hwlaunch.executor._signals import SignalForwarding
 from hwlaunch.executor._watchdog import Watchdog, stall_text
 from hwlaunch.executor.state import ClosedState
 from hwlaunch.plan import Plan
@@ -105,6 +106,7 @@ class Executor(ABC):
         # The ranks the call in progress still waits for, kept current by an exchange that
         # can tell (the watchdog names them); None: every rank.
         self.waiting_on: Collection[int] | None = None
+        self._forwarding: SignalForwarding | None = None  # forward_signals' handlers
 
     def start(self) -> Executor:
         """Start every rank (``start_ranks``) and return this executor, ready for calls.
@@ -116,13 +118,33 @@ class Executor(ABC):
         if self._start_called:
             raise RuntimeError(f"{type(self).__name__}.start() was called twice")
         self._start_called = True
+        forwards = self._forwards_signals()
+        if forwards:
+            SignalForwarding.check_thread(self.plan.forward_signals)
         try:
             self.start_ranks(self._extension, self._init_distributed)
         except BaseException:
             self.state.close("the workers failed to start")
             self.stop_ranks(polite=False)
             raise
+        if forwards:
+            self._forwarding = SignalForwarding(self.plan.forward_signals, self.signal_ranks)
+            self._forwarding.install()
         return self
+
+    def _forwards_signals(self) -> bool:
+        """Whether the plan's ``forward_signals`` apply: an executor that cannot signal its
+        workers (uni, whose worker is this process) says so in ``warnings``."""
+        if not self.plan.forward_signals:
+            return False
+        if type(self).signal_ranks is Executor.signal_ranks:
+            self.warnings.append(
+                f"forward_signals {', '.join(self.plan.forward_signals)} is not used: the "
+                f"{self.plan.executor} executor does not signal its workers (an in-process "
+                "worker receives this process's signals itself)"
+            )
+            return False
+        return True
 
     # -- what a concrete executor implements ---------------------------------------------
     @abstractmethod
@@ -259,6 +281,8 @@ class Executor(ABC):
         self.state.close("shutdown() was called")
         if self._watchdog is not None:
             self._watchdog.stop()
+        if self._forwarding is not None:
+            self._forwarding.restore()
         self.stop_ranks()
 
     def dump_stacks(
@@ -280,6 +304,11 @@ class Executor(ABC):
         del ranks, timeout
         return {}
 
+    def signal_ranks(self, signum: int) -> None:
+        """Extension point: send ``signum`` to every worker (``forward_signals``). An executor
+        that does not implement it gets no handlers installed."""
+        del signum
+
     def _stalled(self, label: str, waited: float, next_after: float) -> str:
         """The watchdog's warning for the call in progress (see ``_watchdog``)."""
         ranks = self._silent_ranks()
@@ -293,13 +322,7 @@ class Executor(ABC):
         )
 
     def _silent_ranks(self) -> list[int]:
-        waiting = self.waiting_on
-        if waiting is not None:
-            try:
-                return sorted(waiting)
-            except RuntimeError:  # changed while read (a reply came): read it again later
-                pass
-        return list(range(self.world_size))
+        return silent_ranks(self.waiting_on, self.world_size)
 
     def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
         """Have ``callback(error)`` called, from a monitor thread, when a worker dies between
@@ -394,6 +417,16 @@ def gather(
         for key in ready:
             if key in pending and take(key, pending[key]):
                 del pending[key]
+
+
+def silent_ranks(waiting: Collection[int] | None, world_size: int) -> list[int]:
+    """The ranks a call still waits for, read from another thread (None: every rank)."""
+    if waiting is not None:
+        try:
+            return sorted(waiting)
+        except RuntimeError:  # changed while read (a reply came): every rank, this once
+            pass
+    return list(range(world_size))
 
 
 def startup_failure(rank: int, failure: Failure) -> WorkerStartupError:

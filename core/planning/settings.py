@@ -40,8 +40,9 @@ __all__ = [
 
 T = TypeVar("T")
 # Signals a job scheduler or a user sends that a worker may want to act on (SLURM sends SIGUSR1
-# before preemption with --signal); not SIGKILL or SIGSTOP, which no process can catch.
-FORWARDABLE_SIGNALS = ("SIGHUP", "SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGCONT")
+# before preemption with --signal); not SIGKILL or SIGSTOP, which no process can catch, nor
+# SIGHUP, which tells an mp worker that its parent died.
+FORWARDABLE_SIGNALS = ("SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGCONT")
 ENV_CONFIG = "HWLAUNCH_CONFIG"  # the config file to read; --config and config= beat it
 Parser = Callable[[str, object, str], Any]
 

@@ -1,11 +1,13 @@
 """The worker process's main loop for the mp executor.
 
-Liveness: the worker exits when the parent dies, through two independent paths. A thread
+Liveness: the worker ends when the parent dies, through independent paths. A thread
 blocks on the read end of a *death pipe* whose only write end lives in the parent, so the
-parent's death (even by SIGKILL) is an EOF here. PR_SET_PDEATHSIG adds a kernel signal; it
-is set only when the thread that forked us is a main thread (the launcher's, or the fork
-server's), because the kernel fires it when that *thread* exits, and a launch from a
-short-lived thread must not kill us.
+parent's death (even by SIGKILL) is an EOF here; the call channel ends too. PR_SET_PDEATHSIG
+adds a kernel signal (PARENT_DEATH_SIGNAL); it is set only when the thread that forked us is
+a main thread (the launcher's, or the fork server's), because the kernel fires it when that
+*thread* exits, and a launch from a short-lived thread must not kill us. Each path first runs
+the worker's own ``shutdown()`` within the grace (``_driver_death``). The parent that ends a
+worker on purpose writes END_NOW on the death pipe first, then SIGTERM: that ends it now.
 
 Whatever ends the worker, its descendants go first (``process_tree``): every exit path runs
 through ``_end_process_tree``.
@@ -40,12 +42,16 @@ from hwlaunch.executor.mp._shm_channel import ShmEndpoint
 from hwlaunch.plan import Plan
 
 PR_SET_PDEATHSIG = 1
+# Not SIGTERM, which the live parent sends to end a worker now: the kernel sends this one when
+# the parent's thread ends, before the parent process is gone (its other threads exiting, its
+# pipes still open), so only a signal of its own tells the two apart. SIGHUP: the hangup of
+# what the worker depends on, and never sent by the parent.
+PARENT_DEATH_SIGNAL = signal.SIGHUP
 
 
 _exiting = threading.Lock()
 _exiting_thread: int | None = None
 _death_r: Connection | None = None
-_parent_at_start = -1  # this worker's parent (the driver, or the fork server) when it started
 
 
 def _parent_gone() -> bool:
@@ -104,32 +110,30 @@ def _watch_parent(death_r: Connection) -> None:
         driver_death.begin(_end_process_tree)
 
 
-def _on_sigterm(*_: object) -> None:
-    """SIGTERM from the live parent ends the worker now; with the parent gone it is
-    PR_SET_PDEATHSIG, and the worker shuts down in order first."""
-    if os.getppid() != _parent_at_start:
-        driver_death.begin(_end_process_tree)
-    else:
-        _end_process_tree(128 + signal.SIGTERM)
+def _on_parent_death(*_: object) -> None:
+    """PARENT_DEATH_SIGNAL: the thread that started this worker has ended (its process is
+    dying; its descriptors may not be closed yet), so the worker shuts down in order."""
+    driver_death.begin(_end_process_tree)
 
 
-def _default_sigterm() -> None:
+def _default_handlers() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(PARENT_DEATH_SIGNAL, signal.SIG_DFL)
 
 
 def _install_liveness(death_r: Connection, pdeathsig: bool, parent_pid: int | None) -> None:
-    global _death_r, _parent_at_start
+    global _death_r
     _death_r = death_r
-    _parent_at_start = os.getppid()
     process_tree.arm()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, lambda *_: _end_process_tree(128 + signal.SIGTERM))
+    signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
     # A child this worker forks (a multiprocessing or DataLoader worker) must not inherit the
-    # handler above: its own SIGTERM should end it the ordinary way (exit code -15).
-    os.register_at_fork(after_in_child=_default_sigterm)
+    # handlers above: its own SIGTERM should end it the ordinary way (exit code -15).
+    os.register_at_fork(after_in_child=_default_handlers)
     if pdeathsig and sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
         if parent_pid is not None and os.getppid() != parent_pid:
             os._exit(1)  # the parent died before the signal was armed
     threading.Thread(

@@ -7,10 +7,12 @@ as the mp child does, so errors and semantics match.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from typing import Any
 
 from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.executor._stacks import thread_stacks
 from hwlaunch.executor.base import free_port
 from hwlaunch.executor.ray._cluster import import_ray
 from hwlaunch.plan import Plan
@@ -79,6 +81,15 @@ class RankActor:
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
+
+    def stacks(self) -> str:
+        """Every thread's stack in this actor's process, read from the control concurrency
+        group's thread while calls run (or hang) on the default one."""
+        return thread_stacks()
+
+    def signal(self, signum: int) -> None:
+        """A forwarded signal (forward_signals), raised in this actor's own process."""
+        signal.raise_signal(signum)
 
     def watch(self) -> None:
         """Never returns: Ray fails this call when the actor dies (its process killed, its node
