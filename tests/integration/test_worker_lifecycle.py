@@ -338,33 +338,29 @@ def test_no_handler_is_installed_unless_asked(clean_env: Path) -> None:
 
 
 # -- Ray -----------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def local_ray() -> Iterator[None]:
+    """One local Ray instance (loopback only) for the Ray tests; ended with the module."""
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.mark.ray
-def test_ray_actors_stall_warning_stacks_and_signals(
-    clean_env: Path, tmp_path: Path, hwlaunch_log: pytest.LogCaptureFixture
+def test_ray_actors_stall_warning_and_timeout_stacks(
+    clean_env: Path, local_ray: None, hwlaunch_log: pytest.LogCaptureFixture
 ) -> None:
-    pytest.importorskip("ray")
-    previous = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    workers = hwlaunch.launch(backend="cpu", world_size=2, executor="ray", rpc_warn_after=1)
     try:
-        workers = hwlaunch.launch(
-            backend="cpu",
-            world_size=2,
-            executor="ray",
-            worker_extension=Lifecycle,
-            rpc_warn_after=1,
-            forward_signals="SIGUSR1",
-        )
-        try:
-            workers.collective_rpc("configure", args=(str(tmp_path),))
-            workers.collective_rpc("catch_sigusr1")
-            assert workers.collective_rpc(rank_one_stalls, args=(3.0,)) == [0, 1]
-            first = warnings_of(hwlaunch_log, "collective_rpc 'rank_one_stalls' has waited")[0]
-            assert "for ranks [1]" in first and f"in {STUCK}" in first
-            os.kill(os.getpid(), signal.SIGUSR1)
-            wait_until(lambda: len(list(tmp_path.glob("sigusr1-*"))) == 2, 30, "both actors")
-            with pytest.raises(RpcTimeoutError) as caught:
-                workers.collective_rpc(rank_one_stalls, args=(60.0,), timeout=2.0)
-            assert list(caught.value.stacks) == [1] and STUCK in caught.value.stacks[1]
-        finally:
-            workers.shutdown()
+        assert workers.collective_rpc(rank_one_stalls, args=(3.0,)) == [0, 1]
+        first = warnings_of(hwlaunch_log, "collective_rpc 'rank_one_stalls' has waited")[0]
+        assert "for ranks [1]" in first and f"in {STUCK}" in first
+        pending = workers.collective_rpc(rank_one_stalls, args=(3.0,), non_block=True)
+        wait_until(lambda: STUCK in workers.dump_stacks([1])[1], 20, "rank 1 in the call")
+        assert pending.result(timeout=30) == [0, 1]
+        with pytest.raises(RpcTimeoutError) as caught:
+            workers.collective_rpc(rank_one_stalls, args=(60.0,), timeout=2.0)
+        assert list(caught.value.stacks) == [1] and STUCK in caught.value.stacks[1]
     finally:
-        signal.signal(signal.SIGUSR1, previous)
+        workers.shutdown()
