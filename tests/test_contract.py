@@ -109,7 +109,7 @@ def test_newer_contract_names_both_versions_and_the_fix() -> None:
 
 @pytest.mark.parametrize("bad", ["1", "v1.0", "1.0.0", 1.0, None])
 def test_malformed_contract_is_rejected(bad: object) -> None:
-    with pytest.raises(PluginError, match=r"not a version like '1\.0'"):
+    with pytest.raises(PluginError, match=r"not a version like '1\.1'"):
         spec(contract=bad)
 
 

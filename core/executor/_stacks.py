@@ -22,6 +22,8 @@ from multiprocessing.connection import Connection
 __all__ = ["STACKS_THREAD", "serve_stacks", "start_stack_thread", "thread_stacks"]
 
 STACKS_THREAD = "hwlaunch-stacks"  # listed in planning.threads.OWN_THREADS
+_EXECUTOR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_RUNTIME = os.path.join(_EXECUTOR, "_runtime.py")
 
 
 def thread_stacks(only: Iterable[int] | None = None) -> str:
@@ -40,8 +42,20 @@ def thread_stacks(only: Iterable[int] | None = None) -> str:
         thread = threads.get(ident)
         name = thread.name if thread is not None else f"thread {ident}"
         lines.append(f'Thread "{name}" (most recent call last):')
-        lines.extend(line.rstrip("\n") for line in traceback.format_stack(frames[ident]))
+        lines.extend(_shown_part(traceback.extract_stack(frames[ident])))
     return "\n".join(lines)
+
+
+def _shown_part(stack: traceback.StackSummary) -> list[str]:
+    """The frames from where hwlaunch hands over to the program (the call it runs), or from
+    hwlaunch's first frame in a thread of its own: what led there (a forked parent's launch,
+    multiprocessing's bootstrap) says nothing about where a rank is stuck."""
+    calls = [i for i, f in enumerate(stack) if f.filename == _RUNTIME and f.name == "call"]
+    own = [i for i, f in enumerate(stack) if f.filename.startswith(_EXECUTOR)]
+    start = calls[-1] if calls else own[0] if own else 0
+    shown = traceback.StackSummary.from_list(stack[start:]).format()
+    hidden = [f"  ({start} outer frame{'s' if start > 1 else ''} not shown)"] if start else []
+    return hidden + [line.rstrip("\n") for line in shown]
 
 
 def serve_stacks(conn: Connection) -> None:

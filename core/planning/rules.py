@@ -125,17 +125,18 @@ def _operation(spec: BackendSpec, overrides: Overrides, notes: Notes) -> dict[st
         f"{SIGKILL_AFTER:g} s later",
     )
     signals = overrides.value("forward_signals")
-    if signals.value:
+    forwarded: tuple[str, ...] = tuple(signals.value or ())
+    if forwarded:
         notes.note(
             "forward_signals",
-            list(signals.value),
+            list(forwarded),
             signals.source,
             "handlers installed at launch forward these to every worker; restored at shutdown",
         )
     return {
         "rpc_warn_after": float(warn.value),
         "shutdown_timeout": float(grace.value),
-        "forward_signals": tuple(signals.value),
+        "forward_signals": forwarded,
     }
 
 

@@ -258,7 +258,6 @@ SETTINGS: tuple[Setting, ...] = (
         "no handler is installed).",
         _signal_names,
         allowed=FORWARDABLE_SIGNALS,
-        default=(),
     ),
     Setting(
         "cpu_threads",

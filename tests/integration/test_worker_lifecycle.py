@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -329,6 +330,22 @@ def test_forwarded_sigusr1_reaches_every_worker(clean_env: Path, tmp_path: Path)
         assert signal.getsignal(signal.SIGUSR1).__name__ == "<lambda>"  # type: ignore[union-attr]
     finally:
         signal.signal(signal.SIGUSR1, before)
+
+
+def test_forward_signals_needs_the_main_thread(clean_env: Path) -> None:
+    found: list[BaseException] = []
+
+    def launch_here() -> None:
+        try:
+            hwlaunch.launch(backend="cpu", world_size=2, forward_signals="SIGUSR1").shutdown()
+        except BaseException as exc:
+            found.append(exc)
+
+    thread = threading.Thread(target=launch_here)
+    thread.start()
+    thread.join(60)
+    assert len(found) == 1 and isinstance(found[0], ConfigError)
+    assert "forward_signals SIGUSR1 needs launch() in the main thread" in str(found[0])
 
 
 def test_no_handler_is_installed_unless_asked(clean_env: Path) -> None:

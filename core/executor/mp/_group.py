@@ -159,7 +159,7 @@ class WorkerGroup:
             with contextlib.suppress(OSError):
                 os.write(self.death_w.fileno(), END_NOW * len(self.processes))
             self.death_w.close()
-        for step, after in (("terminate", None), ("kill", f"SIGTERM + {SIGNAL_GRACE:g}s")):
+        for step, after in (("terminate", None), ("kill", f"{SIGNAL_GRACE:g}s after SIGTERM")):
             alive = [p for p in self.processes if p.exitcode is None]
             if not alive:
                 break
