@@ -55,7 +55,11 @@ class Watchdog:
         self._current = _IDLE
 
     def stop(self) -> None:
+        """End the thread, and wait for it: a thread still exiting would make the next fork
+        of this process look unsafe (planning.threads counts it as a foreign one)."""
         self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(1.0)
 
     def _run(self) -> None:
         seen, threshold = 0, self.warn_after
