@@ -67,7 +67,7 @@ def test_exec_under_the_main_files_own_name_is_not_guarded(tmp_path: Path) -> No
     """Code compiled from a string under ``__file__`` is not the file: its line 5 is not the
     file's line 5. The launch really runs at module level (line 3), unguarded.
 
-    Fails today: ``_detect`` in core/mainguard.py trusts the innermost module-level frame whose
+    Fails today: ``_detect`` in core/hwlaunch/planning/mainguard.py trusts the innermost module-level frame whose
     ``co_filename`` equals its ``__file__``, which the exec'd string satisfies; its line 5 falls
     in the file's guard body, so the answer is a wrong "guarded".
     """
