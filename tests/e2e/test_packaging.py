@@ -16,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUILTINS = ("cpu", "cuda", "hpu", "xpu")
 BUILTIN_PLUGINS = (*BUILTINS, "executors")  # the built-in executors are a plugin too
 # Build outputs and caches of the working tree that must not be copied into the build.

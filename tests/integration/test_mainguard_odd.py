@@ -1,6 +1,6 @@
-"""Main-guard detection over odd programs that tests/test_mainguard.py does not already run.
+"""Main-guard detection over odd programs that tests/integration/test_mainguard.py does not already run.
 
-tests/test_mainguard.py covers a main deleted before detection, edited after start, very long,
+tests/integration/test_mainguard.py covers a main deleted before detection, edited after start, very long,
 ``exec`` of a string and under a borrowed file name, ``runpy.run_path``, a zip application and a
 sourceless ``.pyc``. Here: code compiled under the main file's *own* name, a main rewritten with
 syntax the parser cannot read or bytes it cannot decode, deleted after a cached detection,

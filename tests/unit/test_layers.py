@@ -14,7 +14,7 @@ import pytest
 
 import hwlaunch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAX_FUNCTION_LINES = 60
 
 WORKER_SIDE = """
