@@ -30,6 +30,7 @@ TYPO_CUTOFF = 0.75
 # The built-in executors the rules choose when the user names none: by size, and under a
 # launcher. What each may do is read from its ExecutorSpec, never from these names.
 SINGLE, LOCAL, ACROSS_NODES, UNDER_LAUNCHER = "uni", "mp", "ray", "external"
+STARTUP_REASON = "seconds every worker has to be ready"
 
 
 def decide(
@@ -61,9 +62,7 @@ def decide(
     preload = _preload(spec, method, notes)
     ray_address, pg_timeout = _ray_settings(runs, overrides, notes)
     startup = overrides.value("startup_timeout", spec.name)
-    notes.note(
-        "startup_timeout", startup.value, startup.source, "seconds every worker has to be ready"
-    )
+    notes.note("startup_timeout", startup.value, startup.source, STARTUP_REASON)
     rpc_channel, rpc_spin = _rpc_settings(runs, overrides, notes)
     operation = _operation(spec, overrides, notes)
     return Plan(
