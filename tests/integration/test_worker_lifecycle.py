@@ -215,16 +215,6 @@ def test_dump_stacks_on_demand_during_a_call(clean_env: Path, method: str) -> No
             workers.dump_stacks([2])
 
 
-def test_uni_dump_stacks_shows_the_worker_thread(clean_env: Path) -> None:
-    with hwlaunch.launch(backend="cpu", world_size=1, executor="uni") as workers:
-        pending = workers.collective_rpc(
-            lambda worker: stuck_in_allreduce_wait(2.0), non_block=True
-        )
-        wait_until(lambda: STUCK in workers.dump_stacks()[0], 10, "the worker thread in the call")
-        assert 'Thread "hwlaunch-uni-worker"' in workers.dump_stacks()[0]
-        pending.result(timeout=10)
-
-
 # -- the shutdown grace --------------------------------------------------------------------
 def test_slow_shutdown_finishes_under_a_larger_grace(
     clean_env: Path, tmp_path: Path, hwlaunch_log: pytest.LogCaptureFixture
@@ -352,6 +342,18 @@ def test_no_handler_is_installed_unless_asked(clean_env: Path) -> None:
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     with hwlaunch.launch(backend="cpu", world_size=2):
         assert {s: signal.getsignal(s) for s in before} == before
+
+
+# -- uni (last of the in-process tests: its worker imports torch in this process, whose
+# thread pools make a later fork fall back to forkserver) ---------------------------------
+def test_uni_dump_stacks_shows_the_worker_thread(clean_env: Path) -> None:
+    with hwlaunch.launch(backend="cpu", world_size=1, executor="uni") as workers:
+        pending = workers.collective_rpc(
+            lambda worker: stuck_in_allreduce_wait(2.0), non_block=True
+        )
+        wait_until(lambda: STUCK in workers.dump_stacks()[0], 10, "the worker thread in the call")
+        assert 'Thread "hwlaunch-uni-worker"' in workers.dump_stacks()[0]
+        pending.result(timeout=10)
 
 
 # -- Ray -----------------------------------------------------------------------------------
