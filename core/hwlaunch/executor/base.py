@@ -294,8 +294,12 @@ class Executor(ABC):
         """
         self.raise_if_closed()
         wanted = list(range(self.world_size)) if ranks is None else sorted(set(ranks))
-        for rank in wanted:
-            self._check_reply_rank(rank)
+        strangers = [r for r in wanted if isinstance(r, bool) or r not in range(self.world_size)]
+        if strangers:
+            raise ValueError(
+                f"dump_stacks(ranks={strangers!r}): not ranks of this executor "
+                f"(ranks 0 to {self.world_size - 1}), or None for every rank"
+            )
         return self.rank_stacks(wanted, timeout)
 
     def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
