@@ -347,13 +347,32 @@ def test_no_handler_is_installed_unless_asked(clean_env: Path) -> None:
 # -- uni (last of the in-process tests: its worker imports torch in this process, whose
 # thread pools make a later fork fall back to forkserver) ---------------------------------
 def test_uni_dump_stacks_shows_the_worker_thread(clean_env: Path) -> None:
-    with hwlaunch.launch(backend="cpu", world_size=1, executor="uni") as workers:
+    before = signal.getsignal(signal.SIGUSR1)
+    plan = hwlaunch.resolve(backend="cpu", world_size=1, executor="uni", forward_signals="USR1")
+    with hwlaunch.launch(plan) as workers:
+        assert signal.getsignal(signal.SIGUSR1) == before  # its worker is this process
+        assert any("forward_signals SIGUSR1 is not used" in w for w in workers.warnings)
         pending = workers.collective_rpc(
             lambda worker: stuck_in_allreduce_wait(2.0), non_block=True
         )
         wait_until(lambda: STUCK in workers.dump_stacks()[0], 10, "the worker thread in the call")
         assert 'Thread "hwlaunch-uni-worker"' in workers.dump_stacks()[0]
         pending.result(timeout=10)
+
+
+def test_uni_logs_a_shutdown_past_its_grace(
+    clean_env: Path, tmp_path: Path, hwlaunch_log: pytest.LogCaptureFixture
+) -> None:
+    workers = hwlaunch.launch(
+        backend="cpu", world_size=1, executor="uni", worker_extension=Lifecycle, shutdown_timeout=1
+    )
+    workers.collective_rpc("configure", args=(str(tmp_path), 3.0))
+    workers.shutdown()
+    assert (
+        f"worker rank 0 (in this process, pid {os.getpid()}) did not finish its shutdown() "
+        "within the 1s shutdown_timeout"
+    ) in hwlaunch_log.text
+    wait_until(lambda: (tmp_path / "shutdown-0").exists(), 20, "the worker thread's shutdown")
 
 
 # -- Ray -----------------------------------------------------------------------------------
@@ -370,8 +389,14 @@ def local_ray() -> Iterator[None]:
 def test_ray_actors_stall_warning_and_timeout_stacks(
     clean_env: Path, local_ray: None, hwlaunch_log: pytest.LogCaptureFixture
 ) -> None:
-    workers = hwlaunch.launch(backend="cpu", world_size=2, executor="ray", rpc_warn_after=1)
+    before = signal.getsignal(signal.SIGUSR1)
+    plan = hwlaunch.resolve(
+        backend="cpu", world_size=2, executor="ray", rpc_warn_after=1, forward_signals="SIGUSR1"
+    )
+    workers = hwlaunch.launch(plan)
     try:
+        assert signal.getsignal(signal.SIGUSR1) == before  # actors get no forwarded signals
+        assert any("forward_signals SIGUSR1 is not used" in w for w in workers.warnings)
         assert workers.collective_rpc(rank_one_stalls, args=(3.0,)) == [0, 1]
         first = warnings_of(hwlaunch_log, "collective_rpc 'rank_one_stalls' has waited")[0]
         assert "for ranks [1]" in first and f"in {STUCK}" in first

@@ -140,8 +140,9 @@ class Executor(ABC):
         if type(self).signal_ranks is Executor.signal_ranks:
             self.warnings.append(
                 f"forward_signals {', '.join(self.plan.forward_signals)} is not used: the "
-                f"{self.plan.executor} executor does not signal its workers (an in-process "
-                "worker receives this process's signals itself)"
+                f"{self.plan.executor} executor does not signal its workers (uni's worker is "
+                "this process; a Ray actor's calls run off its main thread, where Python runs "
+                "signal handlers)"
             )
             return False
         return True

@@ -11,6 +11,8 @@ thread, the executor closes (as the mp executor does after a timeout), and the w
 
 from __future__ import annotations
 
+import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -24,6 +26,8 @@ from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 
 __all__ = ["UniExecutor"]
+
+log = logging.getLogger("hwlaunch")
 
 _Job = tuple[Callable[[], Any], "Future[Any]"]
 
@@ -114,8 +118,18 @@ class UniExecutor(Executor):
         done = self._submit(worker.shutdown) if worker is not None else None
         self._jobs.put(None)
         grace = self.plan.shutdown_timeout  # a thread cannot be signalled: waiting is all
-        if polite and done is not None and wait([done], grace).done:
+        if not (polite and done is not None):
+            return
+        if wait([done], grace).done:
             self._thread.join(grace)
+        else:
+            log.warning(
+                "hwlaunch: worker rank %d (in this process, pid %d) did not finish its "
+                "shutdown() within the %gs shutdown_timeout; its thread is left to end alone",
+                self.rank,
+                os.getpid(),
+                grace,
+            )
 
     def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
         """The worker thread's stack: the worker is that thread of this process."""

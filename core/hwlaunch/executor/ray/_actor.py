@@ -7,7 +7,6 @@ as the mp child does, so errors and semantics match.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 from typing import Any
 
@@ -86,10 +85,6 @@ class RankActor:
         """Every thread's stack in this actor's process, read from the control concurrency
         group's thread while calls run (or hang) on the default one."""
         return thread_stacks()
-
-    def signal(self, signum: int) -> None:
-        """A forwarded signal (forward_signals), raised in this actor's own process."""
-        signal.raise_signal(signum)
 
     def watch(self) -> None:
         """Never returns: Ray fails this call when the actor dies (its process killed, its node

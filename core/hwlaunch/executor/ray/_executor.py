@@ -51,7 +51,7 @@ from hwlaunch.plan import Plan
 __all__ = ["RayExecutor"]
 
 WATCH_GROUP = "hwlaunch_watch"  # the actors' concurrency group for watch()
-CONTROL_GROUP = "hwlaunch_control"  # stacks() and signal(), while a call runs
+CONTROL_GROUP = "hwlaunch_control"  # stacks(), while a call runs
 log = logging.getLogger("hwlaunch")
 MONITOR_POLL = 0.5  # seconds between the monitor's checks that the executor is still open
 # Ray copies arguments up to this size into each call; a larger payload is put in the object
@@ -410,11 +410,6 @@ class RayExecutor(Executor):
         for rank in ranks:
             found.setdefault(rank, f"no stack within {timeout:g}s (the actor did not answer)")
         return dict(sorted(found.items()))
-
-    def signal_ranks(self, signum: int) -> None:
-        for actor in self._group.actors:
-            with contextlib.suppress(Exception):
-                actor.signal.options(concurrency_group=CONTROL_GROUP).remote(signum)
 
     # -- state and stop ------------------------------------------------------------------
     def raise_if_closed(self) -> None:
