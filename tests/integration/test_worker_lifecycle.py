@@ -276,7 +276,7 @@ def driver(tmp_path: Path) -> Iterator[tuple[Path, list[psutil.Process]]]:
     assert kill_all(started) == [], "processes outlived the driver"
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [*METHODS, "forkserver"])
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
 def test_workers_shut_down_when_the_driver_is_killed(
     clean_env: Path,
@@ -318,6 +318,34 @@ def test_forwarded_sigusr1_reaches_every_worker(clean_env: Path, tmp_path: Path)
             assert received == [signal.SIGUSR1]  # the program's own handler still runs
         assert signal.getsignal(signal.SIGUSR1) is not None
         assert signal.getsignal(signal.SIGUSR1).__name__ == "<lambda>"  # type: ignore[union-attr]
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
+def test_a_restarting_executor_watches_stacks_and_forwards_too(
+    clean_env: Path, tmp_path: Path, hwlaunch_log: pytest.LogCaptureFixture
+) -> None:
+    """With max_restarts the calls, stacks and signals go to the current group."""
+    received: list[int] = []
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
+    try:
+        with hwlaunch.launch(
+            backend="cpu",
+            world_size=2,
+            worker_extension=Lifecycle,
+            max_restarts=1,
+            rpc_warn_after=1,
+            forward_signals="SIGUSR1",
+        ) as workers:
+            workers.collective_rpc("configure", args=(str(tmp_path),))
+            workers.collective_rpc("catch_sigusr1")
+            assert workers.collective_rpc(rank_one_stalls, args=(2.5,)) == [0, 1]
+            os.kill(os.getpid(), signal.SIGUSR1)
+            wait_until(lambda: len(list(tmp_path.glob("sigusr1-*"))) == 2, 20, "both workers")
+            assert sorted(workers.dump_stacks()) == [0, 1]
+        first = warnings_of(hwlaunch_log, "collective_rpc 'rank_one_stalls' has waited")[0]
+        assert "for ranks [1]" in first and f"in {STUCK}" in first
+        assert received == [signal.SIGUSR1]
     finally:
         signal.signal(signal.SIGUSR1, before)
 
