@@ -73,6 +73,9 @@ def resolve(
     rpc_spin: float | None = None,
     max_restarts: int | None = None,
     cpu_threads: int | None = None,
+    console_prefix: str | None = None,
+    console_ranks: str | int | list[int] | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
 ) -> Plan:
     """Decide backend, world size, executor and start method, with a reason for each.
 
@@ -94,5 +97,8 @@ def resolve(
         "rpc_spin": rpc_spin,
         "max_restarts": max_restarts,
         "cpu_threads": cpu_threads,
+        "console_prefix": console_prefix,
+        "console_ranks": console_ranks,
+        "log_dir": None if log_dir is None else os.fspath(log_dir),
     }
     return resolve_with_sources(explicit, settings.sources("python"), config=config, assume=assume)

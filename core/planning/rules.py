@@ -16,6 +16,7 @@ from hwlaunch.errors import BackendUnavailableError, ConfigError
 from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.plan import ExecutorName, Plan
 from hwlaunch.planning.notes import Notes
+from hwlaunch.planning.output import worker_output
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
 from hwlaunch.planning.threads_budget import thread_budget
@@ -65,6 +66,7 @@ def decide(
         "startup_timeout", startup.value, startup.source, "seconds every worker has to be ready"
     )
     rpc_channel, rpc_spin = _rpc_settings(runs, overrides, notes)
+    console_prefix, console_ranks, log_dir = worker_output(runs, overrides, notes, world.value)
     return Plan(
         backend=spec.name,
         world_size=world.value,
@@ -91,6 +93,9 @@ def decide(
         propagate_env=spec.propagate_env,
         ray_noset_visibility_var=spec.ray_noset_visibility_var if runs.ray else None,
         ranks_from_launcher=runs.needs_launcher,
+        console_prefix=console_prefix,
+        console_ranks=console_ranks,
+        log_dir=log_dir,
     )
 
 

@@ -25,12 +25,14 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
+from hwlaunch.executor._capture import capture_output
 from hwlaunch.executor._mainprep import (
     STDIN,
     refuse_reimport,
     refuse_stdin_reimport,
     reimport_main,
 )
+from hwlaunch.executor._proctitle import set_title
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._messages import SHUTDOWN, parse_request
@@ -136,6 +138,8 @@ def worker_main(
     pdeathsig: bool,
     parent_pid: int | None,
     main: tuple[str, str] | None = None,
+    output: tuple[Connection, Connection] | None = None,
+    line_buffered: bool = False,
 ) -> None:
     """Start the worker, report ready (or the start-up failure), then serve RPCs until told.
 
@@ -143,10 +147,14 @@ def worker_main(
     ``hwlaunch.executor._mainprep``); re-imported here, before any other import, so that a failure
     comes back to the parent with its traceback. The plan's env is set before that, on the only
     thread: what the program's imports read (OMP_NUM_THREADS when torch is imported) is there.
+    ``output``: the driver's pipes for fds 1 and 2 (``hwlaunch.executor._capture``).
     """
     for fd in inherited_fds:  # under fork: the parent's ends of the pipes must not stay open here
         with contextlib.suppress(OSError):
             os.close(fd)
+    if output is not None:
+        capture_output(output, line_buffered)
+    set_title(plan.backend, rank)
     if replace_environ:  # the parent's whole environment, as it was at launch
         os.environ.clear()
     os.environ.update(env)
