@@ -7,12 +7,15 @@ as the mp child does, so errors and semantics match.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from typing import Any
 
+from hwlaunch.executor._proctitle import set_title
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor.base import free_port
 from hwlaunch.executor.ray._cluster import import_ray
+from hwlaunch.executor.ray._output import ActorOutput
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 
@@ -24,6 +27,7 @@ class RankActor:
 
     def __init__(self) -> None:
         self.worker: Worker | None = None
+        self.output = ActorOutput()  # first: everything the rank writes goes to the driver
 
     def place(self, resource: str, want_port: bool) -> dict[str, Any]:
         """Where this actor runs, the devices Ray gave it, and (rank 0) a rendezvous port."""
@@ -40,6 +44,7 @@ class RankActor:
             "node_id": node_id,
             "node_ip": ip,
             "pid": os.getpid(),
+            "host": socket.gethostname(),
             "device_ids": [str(i) for i in context.get_accelerator_ids().get(resource, [])],
             "port": free_port(ip) if want_port else None,
         }
@@ -57,6 +62,7 @@ class RankActor:
     ) -> Failure | None:
         """Build the worker and run its start-up lifecycle; a failure comes back as data."""
         os.environ.update(env)
+        set_title(plan.backend, rank, command_line=False)  # Ray retitles the command line
         try:
             self.worker = start_worker(
                 plan,
@@ -75,6 +81,11 @@ class RankActor:
         """One RPC: ``(ok, result or Failure)``, pickled here so an unpicklable result is a
         WorkerError, as under the mp executor."""
         return answer(self.worker, payload, keep_value=keep_value)
+
+    def collect_output(self, wait: float) -> list[tuple[int, bytes]]:
+        """The rank's output since the last call (``hwlaunch.executor.ray._output``); runs in
+        a concurrency group of its own, beside calls."""
+        return self.output.collect(wait)
 
     def stop(self) -> None:
         if self.worker is not None:

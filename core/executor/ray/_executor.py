@@ -35,6 +35,7 @@ from hwlaunch.executor.base import (
 )
 from hwlaunch.executor.ray._actor import RankActor
 from hwlaunch.executor.ray._cluster import connect, import_ray, release
+from hwlaunch.executor.ray._output import OUTPUT_GROUP, OutputCollector
 from hwlaunch.executor.ray._placement import (
     RankNode,
     actor_resources,
@@ -85,6 +86,7 @@ class _ActorGroup:
         self.released = False  # this group's use of the connection has ended
         self.monitor: threading.Thread | None = None
         self.on_death: Callable[[WorkerDiedError], None] | None = None  # the restart controller
+        self.output: OutputCollector | None = None  # the ranks' stdout and stderr
 
     # -- deaths --------------------------------------------------------------------------
     def record_death(self, rank: int, exc: BaseException) -> WorkerDiedError | None:
@@ -155,6 +157,8 @@ class _ActorGroup:
             if polite and not self.busy and self.actors:
                 refs = [actor.stop.remote() for actor in self.actors]
                 ray.wait(refs, num_returns=len(refs), timeout=SHUTDOWN_GRACE)
+            if polite and self.output is not None:
+                self.output.drain()  # what the ranks wrote up to here, before they are killed
             for actor in self.actors:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
@@ -164,6 +168,8 @@ class _ActorGroup:
             if self.monitor is not None and self.monitor is not threading.current_thread():
                 self.monitor.join(MONITOR_POLL * 4)  # done with Ray before the connection ends
         finally:
+            if self.output is not None:
+                self.output.close()
             if release_now:
                 release(ray)
 
@@ -237,6 +243,8 @@ class RayExecutor(Executor):
             RankNode(rank, local[rank][0], p["node_id"], p["node_ip"], p["pid"])
             for rank, p in enumerate(places)
         ]
+        group.output = OutputCollector(ray, plan)
+        group.output.start(group.actors, places, [rank_local for rank_local, _ in local])
         visible = node_visibility(node_of_rank, [p["device_ids"] for p in places])
         master = (places[0]["node_ip"], int(places[0]["port"]))
         starts = [
@@ -260,7 +268,8 @@ class RayExecutor(Executor):
         """One actor per rank in its bundle, with the rank's variables from process start."""
         group, plan, ray = self._group, self.plan, self._group.ray
         strategies = importlib.import_module("ray.util.scheduling_strategies")
-        actor_class = ray.remote(concurrency_groups={WATCH_GROUP: 1})(RankActor)
+        groups = {WATCH_GROUP: 1, OUTPUT_GROUP: 1}
+        actor_class = ray.remote(concurrency_groups=groups)(RankActor)
         # Ray starts actors from its node's environment, not this driver's: what workers need
         # from here (worker_environment holds the propagate_env variables) travels in the
         # runtime environment, to every node.
