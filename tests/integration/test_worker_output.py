@@ -233,6 +233,36 @@ def test_a_print_with_flush_reaches_the_console_while_the_worker_is_still_busy(
         proc.wait()
 
 
+def test_what_a_call_printed_comes_before_what_the_caller_prints_after_it(
+    tmp_path: Path,
+) -> None:
+    """Without flush, and with the console a pipe (block-buffered prints): the workers' lines
+    of a call are on the console before the call returns."""
+    done, _ = run_driver(
+        tmp_path,
+        """
+        def steps(worker):
+            for i in range(2000):
+                print(f"step {i} of {worker.rank}")
+
+        if __name__ == "__main__":
+            with hwlaunch.launch(world_size=2) as ex:
+                for call in range(3):
+                    ex.collective_rpc(steps)
+                    print(f"call {call} returned", flush=True)
+            report()
+        """,
+    )
+    lines = done.stdout.splitlines()
+    size = 2 * 2000 + 1
+    for call in range(3):
+        block = lines[call * size : (call + 1) * size]
+        assert block[-1] == f"call {call} returned", block[-3:]
+        assert sorted(line.split("] ", 1)[1] for line in block[:-1]) == sorted(
+            f"step {i} of {r}" for i in range(2000) for r in (0, 1)
+        )
+
+
 def run_on_terminal(tmp_path: Path, env: dict[str, str]) -> bytes:
     """The driver's output as its terminal shows it (stdout and stderr on one pty)."""
     script = tmp_path / "driver.py"

@@ -283,7 +283,9 @@ class MultiprocExecutor(Executor):
         try:
             self._rpc_id = rpc_id = self._rpc_id + 1
             head = request_head(CALL, rpc_id, reply_rank)
-            return self._send_and_collect(rpc_id, head, payload, label, timeout)
+            replies = self._send_and_collect(rpc_id, head, payload, label, timeout)
+            self._output.sync()  # what the call printed, before the caller's next line
+            return replies
         finally:
             group.leave_rpc()
 

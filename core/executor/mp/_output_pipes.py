@@ -11,10 +11,14 @@ flush=True)`` is on the console a few microseconds later; no polling.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import os
+import select
 import selectors
 import socket
+import termios
 import threading
 from multiprocessing.connection import Connection
 
@@ -25,6 +29,7 @@ __all__ = ["OutputPipes"]
 
 CHUNK = 64 * 1024  # bytes read at once: a full pipe buffer
 DRAIN_WAIT = 2.0  # seconds to wait for EOF after the workers ended (a descendant may hold a pipe)
+SYNC_WAIT = 1.0  # seconds an RPC's return waits at most for the output written before it
 
 
 class OutputPipes:
@@ -42,6 +47,12 @@ class OutputPipes:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._closed = False
+        # sync(): bytes the thread has read and has forwarded, per descriptor, and a poll of the
+        # open ones; changed under _progress, so no descriptor is closed while sync() polls it.
+        self._progress = threading.Condition()
+        self._read: dict[int, int] = {}
+        self._forwarded: dict[int, int] = {}
+        self._pending = select.poll()
 
     def open(self, rank: int) -> tuple[Connection, Connection]:
         """New pipes for ``rank``: the write ends, for the child's fds 1 and 2."""
@@ -68,6 +79,8 @@ class OutputPipes:
         streams = self.output.add_rank(rank, rank, pid, self._node)
         for fd, stream in zip(self._read_fds.pop(rank), streams, strict=True):
             self._selector.register(fd, selectors.EVENT_READ, stream)
+            self._read[fd] = self._forwarded[fd] = 0
+            self._pending.register(fd, select.POLLIN)
 
     def start(self) -> None:
         """Begin forwarding (after every child started: a fork must not see this thread)."""
@@ -81,16 +94,44 @@ class OutputPipes:
                 stream: RankStream | None = key.data
                 if stream is None:
                     return  # close() gave up waiting for EOF
-                try:
-                    data = os.read(key.fd, CHUNK)
-                except OSError:
-                    data = b""
+                with self._progress:
+                    try:
+                        data = os.read(key.fd, CHUNK)
+                    except OSError:
+                        data = b""
+                    self._read[key.fd] += len(data)
                 if data:
                     stream.feed(data)
+                    with self._progress:
+                        self._forwarded[key.fd] += len(data)
+                        self._progress.notify_all()
                 else:
-                    selector.unregister(key.fd)
-                    os.close(key.fd)
+                    with self._progress:
+                        selector.unregister(key.fd)
+                        self._pending.unregister(key.fd)
+                        del self._read[key.fd], self._forwarded[key.fd]
+                        os.close(key.fd)
+                        self._progress.notify_all()
                     stream.end()
+
+    def sync(self, wait: float = SYNC_WAIT) -> None:
+        """Return once what the workers had written by now is on the console: a call's
+        output comes before what the caller prints after it. Costs one poll when the pipes
+        are empty (the common case)."""
+        with self._progress:
+            if self._thread is None or self._closed:
+                return
+            targets = {fd: n for fd, n in self._read.items() if self._forwarded[fd] < n}
+            for fd, _ in self._pending.poll(0):
+                waiting = array.array("i", [0])
+                with contextlib.suppress(OSError):
+                    fcntl.ioctl(fd, termios.FIONREAD, waiting)
+                targets[fd] = self._read[fd] + waiting[0]
+            if targets:
+                self._progress.wait_for(
+                    lambda: all(self._forwarded.get(fd, n) >= n for fd, n in targets.items()),
+                    timeout=wait,
+                )
 
     def close(self, wait: float = DRAIN_WAIT) -> None:
         """Forward what is left, up to EOF on every pipe (or ``wait`` seconds), then release
