@@ -3,9 +3,8 @@
 Two names exist on Linux. The command line (``ps -f``, ``top -c``, ``/proc/<pid>/cmdline``)
 can be rewritten only by the setproctitle package, used when it is installed. The kernel's
 name of the process (``ps``, ``top``, ``/proc/<pid>/comm``) is at most 15 bytes and is always
-set, through ``/proc/self/comm``, which names the whole process from any of its threads (a Ray
-actor's calls do not run on its main thread); ``hwl cpu rank0`` fits, with the rank kept even
-for a long backend name.
+set, through ``/proc/self/comm`` (the process, whichever thread writes it); ``hwl cpu rank0``
+fits, with the rank kept even for a long backend name.
 """
 
 from __future__ import annotations
@@ -29,12 +28,10 @@ def kernel_name(backend: str, rank: int) -> str:
     return f"hwl {backend[:room]}{tail}"[:COMM_LIMIT]
 
 
-def set_title(backend: str, rank: int, *, command_line: bool = True) -> None:
-    """Name this process after its rank. ``command_line=False`` leaves the command line to
-    whoever else rewrites it (Ray retitles its actors on every call)."""
-    if command_line:
-        with contextlib.suppress(ImportError):
-            importlib.import_module("setproctitle").setproctitle(title(backend, rank))
+def set_title(backend: str, rank: int) -> None:
+    """Name this process after its rank (an mp worker; Ray titles its actors itself)."""
+    with contextlib.suppress(ImportError):
+        importlib.import_module("setproctitle").setproctitle(title(backend, rank))
     # After setproctitle, which sets the kernel name to its title's first 15 bytes.
     with contextlib.suppress(OSError), open("/proc/self/comm", "w") as comm:
         comm.write(kernel_name(backend, rank))

@@ -528,19 +528,24 @@ def test_ray_actors_print_the_same_prefixed_lines_and_log_files(tmp_path: Path) 
             with hwlaunch.launch(world_size=2, executor="ray", log_dir="logs") as ex:
                 pids = ex.collective_rpc(chatter, args=({lines}, {PAD!r}))
                 run_dir = ex.plan.log_run_dir
-            report(pids=pids, run_dir=run_dir)
+                titles = []
+                for pid in pids:  # "ray::<actor class>.<method>" while a call runs
+                    with open(f"/proc/{{pid}}/cmdline", "rb") as cmd:
+                        titles.append(cmd.read().split(b"\\0")[0].decode().partition(".")[0] + ".")
+            report(pids=pids, run_dir=run_dir, titles=titles)
         """,
         env={"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"},
     )
     pids = found["pids"]
+    assert found["titles"] == [f"ray::hwlaunch_cpu_rank{rank}." for rank in (0, 1)]
     stdout = by_rank(done.stdout, pids)
     for rank in (0, 1):
         assert sorted(stdout[rank]) == sorted(expected(rank, "stdout", lines))
         log = Path(found["run_dir"]) / f"rank{rank}.attempt0.stderr"
         assert sorted(log.read_text().splitlines()) == sorted(expected(rank, "stderr", lines))
     # Ray's own lines (its start-up messages) are on stderr; none of the ranks' lines is there
-    # twice or with Ray's "(RankActor pid=...)" prefix.
-    assert "RankActor" not in done.stderr and "repeated" not in done.stderr
+    # twice or with Ray's "(hwlaunch_cpu_rank0 pid=...)" prefix.
+    assert "hwlaunch_cpu" not in done.stderr and "repeated" not in done.stderr
     for rank in (0, 1):
         theirs = by_rank(
             "\n".join(line for line in done.stderr.splitlines() if PREFIXED.match(line)), pids

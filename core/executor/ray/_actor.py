@@ -11,7 +11,6 @@ import socket
 import threading
 from typing import Any
 
-from hwlaunch.executor._proctitle import set_title
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor.base import free_port
 from hwlaunch.executor.ray._cluster import import_ray
@@ -19,7 +18,7 @@ from hwlaunch.executor.ray._output import ActorOutput
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 
-__all__ = ["RankActor"]
+__all__ = ["RankActor", "rank_actor_class"]
 
 
 class RankActor:
@@ -62,7 +61,6 @@ class RankActor:
     ) -> Failure | None:
         """Build the worker and run its start-up lifecycle; a failure comes back as data."""
         os.environ.update(env)
-        set_title(plan.backend, rank, command_line=False)  # Ray retitles the command line
         try:
             self.worker = start_worker(
                 plan,
@@ -95,3 +93,11 @@ class RankActor:
         """Never returns: Ray fails this call when the actor dies (its process killed, its node
         lost). It runs in a concurrency group of its own, so calls still run one at a time."""
         threading.Event().wait()
+
+
+def rank_actor_class(backend: str, rank: int) -> type[RankActor]:
+    """RankActor under the name ``hwlaunch_<backend>_rank<R>``: Ray titles each actor process
+    ``ray::<class name>.<method>`` (and its kernel name after it), so ``ps`` and ``top`` show
+    which rank an actor is, and Ray's tools still see one of its workers."""
+    name = f"hwlaunch_{backend}_rank{rank}"
+    return type(name, (RankActor,), {"__qualname__": name, "__doc__": RankActor.__doc__})

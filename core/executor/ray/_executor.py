@@ -33,7 +33,7 @@ from hwlaunch.executor.base import (
     gather,
     worker_environment,
 )
-from hwlaunch.executor.ray._actor import RankActor
+from hwlaunch.executor.ray._actor import rank_actor_class
 from hwlaunch.executor.ray._cluster import connect, import_ray, release
 from hwlaunch.executor.ray._output import OUTPUT_GROUP, OutputCollector
 from hwlaunch.executor.ray._placement import (
@@ -269,7 +269,6 @@ class RayExecutor(Executor):
         group, plan, ray = self._group, self.plan, self._group.ray
         strategies = importlib.import_module("ray.util.scheduling_strategies")
         groups = {WATCH_GROUP: 1, OUTPUT_GROUP: 1}
-        actor_class = ray.remote(concurrency_groups=groups)(RankActor)
         # Ray starts actors from its node's environment, not this driver's: what workers need
         # from here (worker_environment holds the propagate_env variables) travels in the
         # runtime environment, to every node.
@@ -280,6 +279,9 @@ class RayExecutor(Executor):
             env = worker_environment(plan, rank, local[rank][0], "", 0, local[rank][1])
             for key in ("MASTER_ADDR", "MASTER_PORT", plan.device_control_env_var):
                 env.pop(key or "", None)  # known once the actors are placed: see _start_env
+            actor_class = ray.remote(concurrency_groups=groups)(
+                rank_actor_class(plan.backend, rank)
+            )
             group.actors.append(
                 actor_class.options(
                     **actor_resources(plan.ray_resource),
