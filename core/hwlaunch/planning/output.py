@@ -4,6 +4,7 @@ declares ``worker_output``; for any other, a setting given is reported as unused
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from hwlaunch.errors import ConfigError
 from hwlaunch.executor_spec import ExecutorSpec
@@ -15,20 +16,18 @@ __all__ = ["LOG_FILES", "OUTPUT_SETTINGS", "worker_output"]
 OUTPUT_SETTINGS = ("console_prefix", "console_ranks", "log_dir")
 LOG_FILES = "<log_dir>/<run id>/rank<R>.attempt<N>.stdout and .stderr"
 
-Output = tuple[str, tuple[int, ...] | None, str | None]
-
 
 def worker_output(
     executor: ExecutorSpec, overrides: Overrides, notes: Notes, world_size: int
-) -> Output:
-    """``(console_prefix, console_ranks, log_dir)`` for the plan; log_dir made absolute here,
-    so that the files land where the setting meant when it was resolved."""
+) -> dict[str, Any]:
+    """The plan's ``console_prefix``, ``console_ranks`` and ``log_dir``; log_dir made absolute
+    here, so that the files land where the setting meant when it was resolved."""
     prefix = overrides.value("console_prefix")
     ranks = overrides.value("console_ranks")
     log_dir = overrides.lookup("log_dir")
     if not executor.worker_output:
         _unused(executor, overrides, notes)
-        return str(prefix.value), None, None
+        return {"console_prefix": str(prefix.value), "console_ranks": None, "log_dir": None}
     shown: tuple[int, ...] | None = ranks.value
     if shown is not None and shown[-1] >= world_size:
         raise ConfigError(
@@ -55,7 +54,7 @@ def worker_output(
         "default" if log_dir is None else log_dir.source,
         "no log files" if path is None else f"each rank's output also goes to {LOG_FILES}",
     )
-    return str(prefix.value), shown, path
+    return {"console_prefix": str(prefix.value), "console_ranks": shown, "log_dir": path}
 
 
 def _unused(executor: ExecutorSpec, overrides: Overrides, notes: Notes) -> None:

@@ -61,12 +61,8 @@ def decide(
     )
     preload = _preload(spec, method, notes)
     ray_address, pg_timeout = _ray_settings(runs, overrides, notes)
-    startup = overrides.value("startup_timeout", spec.name)
-    notes.note(
-        "startup_timeout", startup.value, startup.source, "seconds every worker has to be ready"
-    )
+    startup = _startup_timeout(spec, overrides, notes)
     rpc_channel, rpc_spin = _rpc_settings(runs, overrides, notes)
-    console_prefix, console_ranks, log_dir = worker_output(runs, overrides, notes, world.value)
     return Plan(
         backend=spec.name,
         world_size=world.value,
@@ -85,6 +81,7 @@ def decide(
         rpc_channel=rpc_channel,
         rpc_spin=rpc_spin,
         max_restarts=max_restarts(runs, overrides, notes),
+        **worker_output(runs, overrides, notes, world.value),  # noted before decisions= below
         cpu_threads=threads,
         decisions=tuple(notes.decisions),
         warnings=tuple(dict.fromkeys(notes.warnings)),
@@ -93,10 +90,15 @@ def decide(
         propagate_env=spec.propagate_env,
         ray_noset_visibility_var=spec.ray_noset_visibility_var if runs.ray else None,
         ranks_from_launcher=runs.needs_launcher,
-        console_prefix=console_prefix,
-        console_ranks=console_ranks,
-        log_dir=log_dir,
     )
+
+
+def _startup_timeout(spec: BackendSpec, overrides: Overrides, notes: Notes) -> Sourced[float]:
+    startup: Sourced[float] = overrides.value("startup_timeout", spec.name)
+    notes.note(
+        "startup_timeout", startup.value, startup.source, "seconds every worker has to be ready"
+    )
+    return startup
 
 
 def _preload(spec: BackendSpec, method: str | None, notes: Notes) -> tuple[str, ...]:

@@ -161,15 +161,7 @@ def worker_main(
     _install_liveness(death_r, pdeathsig, parent_pid)
     if main is not None:
         _reimport_or_fail(main, conn, plan.start_method)
-    guard = plan.facts.main_guard if plan.facts is not None else None
-    if guard is not None and guard.file and plan.start_method == "fork":
-        # This worker's __main__ is the parent's: its own spawned children would re-run the
-        # launch, or code read from stdin. (Under spawn/forkserver the resolver made sure the
-        # main is safe, and reimport_main handles stdin.)
-        if guard.status == "unguarded":
-            refuse_reimport(guard.where() or guard.file)
-        elif os.path.basename(guard.file) == STDIN:
-            refuse_stdin_reimport()
+    _refuse_forked_unsafe_main(plan)
     try:
         worker = start_worker(
             plan,
@@ -185,6 +177,18 @@ def worker_main(
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     serve(worker, rank, channel)
     _end_process_tree(0, exit_now=False)  # told to shut down, or the parent's pipe closed
+
+
+def _refuse_forked_unsafe_main(plan: Plan) -> None:
+    """Under fork this worker's __main__ is the parent's: its own spawned children would re-run
+    the launch, or code read from stdin. (Under spawn/forkserver the resolver made sure the
+    main is safe, and reimport_main handles stdin.)"""
+    guard = plan.facts.main_guard if plan.facts is not None else None
+    if guard is not None and guard.file and plan.start_method == "fork":
+        if guard.status == "unguarded":
+            refuse_reimport(guard.where() or guard.file)
+        elif os.path.basename(guard.file) == STDIN:
+            refuse_stdin_reimport()
 
 
 def _reimport_or_fail(main: tuple[str, str], conn: Connection, method: str | None) -> None:
