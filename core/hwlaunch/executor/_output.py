@@ -80,7 +80,7 @@ class RankStream:
 
     def feed(self, data: bytes) -> None:
         if self.log is not None:
-            self.log.write(data)
+            self._log(data)
         if self.prefix is None:
             return
         data = self.partial + data
@@ -93,6 +93,18 @@ class RankStream:
         self.partial = data[cut:]
         prefix = self.prefix
         write_console(self.name, prefix + data[: cut - 1].replace(b"\n", b"\n" + prefix) + b"\n")
+
+    def _log(self, data: bytes) -> None:
+        """To the log file; one that fails (a full disk) is closed with a note on the console,
+        and the console goes on."""
+        assert self.log is not None
+        try:
+            self.log.write(data)
+        except OSError as exc:
+            name = getattr(self.log, "name", "a log file")
+            self.log.close()
+            self.log = None
+            write_console("stderr", f"hwlaunch: {name} is closed: {exc}\n".encode())
 
     def end(self) -> None:
         """The stream has ended (the worker exited or was stopped): its last partial line."""

@@ -1,7 +1,7 @@
 """Worker output under Ray: captured in each actor, collected by the driver, shown as under mp.
 
-Why not Ray's own forwarding (``log_to_driver``): it prefixes lines with ``(RankActor pid=…)``
-instead of the rank, it collapses lines that look alike across processes ("[repeated 2x across
+Why not Ray's own forwarding (``log_to_driver``): it prefixes lines in its own format
+(``(hwlaunch_cpu_rank0 pid=…)``), it collapses lines that look alike across processes ("[repeated 2x across
 cluster]", which is every rank printing the same thing), it only works when this process
 started Ray with it on, and its files live on each node. Instead each actor makes its fds 1
 and 2 pipes that a thread of its own reads into a buffer (Ray's log files then see nothing of
