@@ -52,6 +52,7 @@ class OutputPipes:
         self._progress = threading.Condition()
         self._read: dict[int, int] = {}
         self._forwarded: dict[int, int] = {}
+        self._in_flight = 0  # bytes read and not yet forwarded
         self._pending = select.poll()
 
     def open(self, rank: int) -> tuple[Connection, Connection]:
@@ -100,10 +101,12 @@ class OutputPipes:
                     except OSError:
                         data = b""
                     self._read[key.fd] += len(data)
+                    self._in_flight += len(data)
                 if data:
                     stream.feed(data)
                     with self._progress:
                         self._forwarded[key.fd] += len(data)
+                        self._in_flight -= len(data)
                         self._progress.notify_all()
                 else:
                     with self._progress:
@@ -121,8 +124,11 @@ class OutputPipes:
         with self._progress:
             if self._thread is None or self._closed:
                 return
+            ready = self._pending.poll(0)
+            if not ready and not self._in_flight:
+                return
             targets = {fd: n for fd, n in self._read.items() if self._forwarded[fd] < n}
-            for fd, _ in self._pending.poll(0):
+            for fd, _ in ready:
                 waiting = array.array("i", [0])
                 with contextlib.suppress(OSError):
                     fcntl.ioctl(fd, termios.FIONREAD, waiting)
