@@ -404,6 +404,29 @@ def test_a_driver_s_own_sys_stdout_gets_the_workers_lines(tmp_path: Path) -> Non
     assert texts == ["hello 0", "hello 1", "native 0", "native 1"]
 
 
+def test_the_output_thread_of_an_open_executor_does_not_make_the_next_launch_leave_fork(
+    tmp_path: Path,
+) -> None:
+    """The forwarding thread is one of hwlaunch's own: forked workers never use a lock it
+    holds (they get streams of their own), so it is no reason to fall back from fork."""
+    _, found = run_driver(
+        tmp_path,
+        """
+        def hello(worker):
+            print(f"second {worker.rank}", flush=True)
+            return os.getpid()
+
+        if __name__ == "__main__":
+            with hwlaunch.launch(world_size=2) as first:
+                plan = hwlaunch.resolve(world_size=2)
+                with hwlaunch.launch(plan) as second:
+                    pids = second.collective_rpc(hello)
+            report(method=plan.start_method, warnings=list(plan.warnings), pids=pids)
+        """,
+    )
+    assert (found["method"], found["warnings"]) == ("fork", [])
+
+
 # -- process titles ---------------------------------------------------------------------------
 TITLES = """
 def titles(worker):

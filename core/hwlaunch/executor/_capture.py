@@ -8,7 +8,10 @@ this process and its future children lands in the driver's pipes.
 Python's own ``sys.stdout`` keeps the buffering it had (line-buffered when the driver's stdout
 is a terminal, as a program writing there directly would be). One that does not write to fd 1
 (the driver's, inherited through fork, was a redirect or a notebook's stream) is replaced by a
-stream on fd 1, so that the worker's prints take the same path as everything else.
+stream on fd 1, so that the worker's prints take the same path as everything else. A forked
+worker always gets new streams: the ones it inherited may have been locked, at the instant of
+the fork, by a thread of the driver writing to them (its output thread, the program's own), and
+a lock held then stays held in the child.
 """
 
 from __future__ import annotations
@@ -22,19 +25,23 @@ from multiprocessing.connection import Connection
 __all__ = ["capture_output"]
 
 
-def capture_output(ends: tuple[Connection, Connection], line_buffered: bool) -> None:
+def capture_output(
+    ends: tuple[Connection, Connection], line_buffered: bool, *, forked: bool
+) -> None:
     """Make ``ends`` (the driver's write ends for stdout, stderr) this process's fds 1 and 2."""
-    for name in ("stdout", "stderr"):
-        with contextlib.suppress(Exception):
-            getattr(sys, name).flush()
+    if not forked:
+        for name in ("stdout", "stderr"):
+            with contextlib.suppress(Exception):
+                getattr(sys, name).flush()
     for fd, end in zip((1, 2), ends, strict=True):
         os.dup2(end.fileno(), fd)
         end.close()
     for fd, name in ((1, "stdout"), (2, "stderr")):
-        if not _writes_to(getattr(sys, name, None), fd):
+        old = getattr(sys, name, None)
+        if forked or not _writes_to(old, fd):
             stream = io.TextIOWrapper(
                 io.FileIO(fd, "w", closefd=False),
-                encoding="utf-8",
+                encoding=getattr(old, "encoding", None) or "utf-8",
                 errors="backslashreplace",
                 line_buffering=line_buffered or name == "stderr",
             )

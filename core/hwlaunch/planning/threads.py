@@ -30,9 +30,18 @@ from hwlaunch.runtime_facts import ThreadFacts, ThreadInfo, ThreadKind
 __all__ = ["OWN_THREADS", "probe_threads"]
 
 # hwlaunch's threads that only wait in poll or recv and hold no lock a forked child needs (named
-# where they are started). The uni executor's worker thread is not one: it runs user code.
+# where they are started). The uni executor's worker thread is not one: it runs user code. The
+# output threads write to sys.stdout, whose lock a forked worker never uses: it gets streams of
+# its own (executor._capture).
 OWN_THREADS = frozenset(
-    ("hwlaunch-monitor", "hwlaunch-rpc", "hwlaunch-restart", "hwlaunch-ray-monitor")
+    (
+        "hwlaunch-monitor",
+        "hwlaunch-rpc",
+        "hwlaunch-restart",
+        "hwlaunch-ray-monitor",
+        "hwlaunch-output",
+        "hwlaunch-ray-output",
+    )
 )
 OPENMP_LIBRARIES = ("libgomp",)  # GNU OpenMP keeps no fork handler: its pool breaks in a child
 _SYSTEM = re.compile(r"^(libc\.so|libpthread|ld-linux|ld-musl|libc\.musl|\[vdso\]|libstdc\+\+)")

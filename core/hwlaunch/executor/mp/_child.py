@@ -153,7 +153,7 @@ def worker_main(
         with contextlib.suppress(OSError):
             os.close(fd)
     if output is not None:
-        capture_output(output, line_buffered)
+        capture_output(output, line_buffered, forked=plan.start_method == "fork")
     set_title(plan.backend, rank)
     if replace_environ:  # the parent's whole environment, as it was at launch
         os.environ.clear()
