@@ -29,6 +29,7 @@ CAPABILITIES = {
     "restarts": "restarts groups",
     "rpc_channel": "rpc channel",
     "ray": "Ray settings",
+    "worker_output": "per-rank output",
 }
 
 
@@ -53,7 +54,9 @@ class ExecutorSpec:
       implements ``watch_deaths`` and ``stop_group``;
     - ``rpc_channel``: it carries calls as the ``rpc_channel`` and ``rpc_spin`` settings say;
     - ``ray``: it places workers with Ray, reading ``ray_address``, ``ray_pg_timeout`` and the
-      backend's ``ray_noset_visibility_var``.
+      backend's ``ray_noset_visibility_var``;
+    - ``worker_output``: it forwards each worker's stdout and stderr to this process, line by
+      line, as the ``console_prefix``, ``console_ranks`` and ``log_dir`` settings say.
     """
 
     name: str
@@ -67,6 +70,7 @@ class ExecutorSpec:
     restarts: bool = False
     rpc_channel: bool = False
     ray: bool = False
+    worker_output: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):

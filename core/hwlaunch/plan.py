@@ -12,6 +12,7 @@ from typing import Any
 
 from hwlaunch._data import fields_of
 from hwlaunch.channels import DEFAULT_RPC_CHANNEL
+from hwlaunch.console import DEFAULT_CONSOLE_PREFIX
 from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import StartMethod
 
@@ -77,6 +78,14 @@ class Plan:
     rpc_warn_after: float = 60.0
     shutdown_timeout: float = 5.0
     forward_signals: tuple[str, ...] = ()
+    # Worker output, for an executor that declares worker_output (docs/operations.md): the
+    # template each console line starts with, the ranks shown there (None: all), the directory
+    # of the log files (absolute), and this run's directory under it, <log_dir>/<run id>, which
+    # the executor chooses and creates when it starts (None until then).
+    console_prefix: str = DEFAULT_CONSOLE_PREFIX
+    console_ranks: tuple[int, ...] | None = None
+    log_dir: str | None = None
+    log_run_dir: str | None = None
 
     def decision(self, setting: str) -> Decision:
         for decision in self.decisions:

@@ -30,6 +30,7 @@ def hwlaunch_register_executors(register: RegisterExecutor) -> None:
             start_method=True,
             restarts=True,
             rpc_channel=True,
+            worker_output=True,
         )
     )
     register(
@@ -39,6 +40,7 @@ def hwlaunch_register_executors(register: RegisterExecutor) -> None:
             description="Ray actors in a placement group, across nodes",
             restarts=True,
             ray=True,
+            worker_output=True,
         )
     )
     register(

@@ -401,7 +401,11 @@ def test_startup_failure_gives_remote_traceback_and_cleans_up(connected: Any) ->
     assert info.value.rank == 1
     assert "RuntimeError: no device for rank 1" in str(info.value)
     assert "in init_device" in info.value.remote_traceback
-    actors = [p.pid for p in ray_descendants() if p.pid not in before and "RankActor" in p.name()]
+    actors = [
+        p.pid
+        for p in ray_descendants()
+        if p.pid not in before and p.name().startswith("ray::hwlaunch_")
+    ]
     assert wait_gone(actors) == []
     assert set(our_placement_groups().values()) <= {"REMOVED"}
     assert ray.cluster_resources().get("CPU") == ray.available_resources().get("CPU") == 4

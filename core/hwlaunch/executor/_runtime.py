@@ -6,6 +6,7 @@ worker behaves the same whichever executor hosts it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import io
 import marshal
@@ -246,10 +247,19 @@ def answer(
         reply: tuple[Any, ...] = (*prefix, True, value if keep_value else None)
     except Exception as exc:
         reply = (*prefix, False, Failure.current(exc))
+    flush_output()
     try:
         return dumps(reply)
     except Exception as exc:
         return dumps((*prefix, False, Failure.current(exc)))
+
+
+def flush_output() -> None:
+    """What a call printed leaves the worker before its reply does: the driver then shows it
+    before whatever the caller prints after the call (buffered, it would come later)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or replaced stream: nothing to hand on
+            stream.flush()
 
 
 def dumps(obj: Any) -> bytes:

@@ -31,6 +31,7 @@ from hwlaunch.errors import (
 )
 from hwlaunch.executor._arguments import check_call, check_timeout
 from hwlaunch.executor._background import BackgroundCalls
+from hwlaunch.executor._output import open_run_dir
 from hwlaunch.executor._picklecheck import check_picklable
 from hwlaunch.executor._runtime import (
     Failure,
@@ -87,7 +88,9 @@ class Executor(ABC):
         startup_timeout: float | None = None,
         on_status: StatusCallback | None = None,
     ) -> None:
-        self.plan = plan
+        # A plan with log_dir gets this run's directory under it now, or the ConfigError of a
+        # directory that cannot be made, before anything starts (hwlaunch.executor._output).
+        self.plan = open_run_dir(plan) if plan.log_dir and not plan.log_run_dir else plan
         self.warnings: list[str] = []
         self.startup_timeout = float(
             plan.startup_timeout if startup_timeout is None else startup_timeout

@@ -76,6 +76,9 @@ def resolve(
     rpc_warn_after: float | None = None,
     shutdown_timeout: float | None = None,
     forward_signals: str | Iterable[str] | None = None,
+    console_prefix: str | None = None,
+    console_ranks: str | int | list[int] | None = None,
+    log_dir: str | os.PathLike[str] | None = None,
 ) -> Plan:
     """Decide backend, world size, executor and start method, with a reason for each.
 
@@ -100,5 +103,8 @@ def resolve(
         "rpc_warn_after": rpc_warn_after,
         "shutdown_timeout": shutdown_timeout,
         "forward_signals": forward_signals,
+        "console_prefix": console_prefix,
+        "console_ranks": console_ranks,
+        "log_dir": None if log_dir is None else os.fspath(log_dir),
     }
     return resolve_with_sources(explicit, settings.sources("python"), config=config, assume=assume)

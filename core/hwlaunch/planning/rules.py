@@ -16,6 +16,7 @@ from hwlaunch.errors import BackendUnavailableError, ConfigError
 from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.plan import SIGKILL_AFTER, ExecutorName, Plan
 from hwlaunch.planning.notes import Notes
+from hwlaunch.planning.output import worker_output
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
 from hwlaunch.planning.threads_budget import thread_budget
@@ -61,8 +62,7 @@ def decide(
     )
     preload = _preload(spec, method, notes)
     ray_address, pg_timeout = _ray_settings(runs, overrides, notes)
-    startup = overrides.value("startup_timeout", spec.name)
-    notes.note("startup_timeout", startup.value, startup.source, STARTUP_REASON)
+    startup = _startup_timeout(spec, overrides, notes)
     rpc_channel, rpc_spin = _rpc_settings(runs, overrides, notes)
     operation = _operation(spec, overrides, notes)
     return Plan(
@@ -83,6 +83,7 @@ def decide(
         rpc_channel=rpc_channel,
         rpc_spin=rpc_spin,
         max_restarts=max_restarts(runs, overrides, notes),
+        **worker_output(runs, overrides, notes, world.value),  # noted before decisions= below
         cpu_threads=threads,
         decisions=tuple(notes.decisions),
         warnings=tuple(dict.fromkeys(notes.warnings)),
@@ -137,6 +138,12 @@ def _operation(spec: BackendSpec, overrides: Overrides, notes: Notes) -> dict[st
         "shutdown_timeout": float(grace.value),
         "forward_signals": forwarded,
     }
+
+
+def _startup_timeout(spec: BackendSpec, overrides: Overrides, notes: Notes) -> Sourced[float]:
+    startup: Sourced[float] = overrides.value("startup_timeout", spec.name)
+    notes.note("startup_timeout", startup.value, startup.source, STARTUP_REASON)
+    return startup
 
 
 def _preload(spec: BackendSpec, method: str | None, notes: Notes) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from typing import Any, Generic, TypeVar
 from hwlaunch._checks import closest, did_you_mean
 from hwlaunch._discovery import PLUGIN_VARIABLES
 from hwlaunch.channels import DEFAULT_RPC_CHANNEL, RPC_CHANNELS
+from hwlaunch.console import DEFAULT_CONSOLE_PREFIX, RANKS_FORM, parse_ranks, prefix_problem
 from hwlaunch.errors import ConfigError
 from hwlaunch.spec import START_METHODS
 
@@ -131,6 +132,23 @@ def _choice(allowed: tuple[str, ...]) -> Parser:
         return raw
 
     return parse
+
+
+def _prefix(name: str, raw: object, source: str) -> str:
+    problem = prefix_problem(raw) if isinstance(raw, str) else "must be a string"
+    if problem is not None:
+        raise ConfigError(f"invalid {name} {raw!r} from {source}: {problem}")
+    assert isinstance(raw, str)
+    return raw
+
+
+def _ranks(name: str, raw: object, source: str) -> tuple[int, ...] | None:
+    try:
+        return parse_ranks(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f"invalid {name} {raw!r} from {source}: {exc} (allowed: {RANKS_FORM})"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -266,6 +284,30 @@ SETTINGS: tuple[Setting, ...] = (
         "Intra-op CPU threads per worker (default: this process's CPUs / workers on the node).",
         _count,
         per_backend=True,
+    ),
+    # Worker output (docs/operations.md): read by executors that declare worker_output.
+    Setting(
+        "console_prefix",
+        "--console-prefix",
+        "TEMPLATE",
+        "Prefix of each line a worker prints; fields {rank}, {local_rank}, {pid}, {backend}, "
+        "{node}.",
+        _prefix,
+        default=DEFAULT_CONSOLE_PREFIX,
+    ),
+    Setting(
+        "console_ranks",
+        "--console-ranks",
+        "RANKS",
+        "Ranks whose output reaches the console: all, or a list like 0,2-3.",
+        _ranks,
+    ),
+    Setting(
+        "log_dir",
+        "--log-dir",
+        "DIR",
+        "Directory for each rank's stdout and stderr files (one set per restart attempt).",
+        _text,
     ),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

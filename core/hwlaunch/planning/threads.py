@@ -30,7 +30,9 @@ from hwlaunch.runtime_facts import ThreadFacts, ThreadInfo, ThreadKind
 __all__ = ["OWN_THREADS", "probe_threads"]
 
 # hwlaunch's threads that only wait in poll or recv and hold no lock a forked child needs (named
-# where they are started). The uni executor's worker thread is not one: it runs user code.
+# where they are started). The uni executor's worker thread is not one: it runs user code. The
+# output threads write to sys.stdout, whose lock a forked worker never uses: it gets streams of
+# its own (executor._capture).
 OWN_THREADS = frozenset(
     (
         "hwlaunch-monitor",
@@ -39,6 +41,8 @@ OWN_THREADS = frozenset(
         "hwlaunch-ray-monitor",
         "hwlaunch-watchdog",  # executor._watchdog: sleeps on an Event between calls
         "hwlaunch-stacks",  # executor._stacks, in a worker: waits in recv on its pipe
+        "hwlaunch-output",  # executor.mp._output_pipes, in the driver: reads the workers' output pipes
+        "hwlaunch-ray-output",  # executor.ray._output, in the driver: collects the actors' output
     )
 )
 OPENMP_LIBRARIES = ("libgomp",)  # GNU OpenMP keeps no fork handler: its pool breaks in a child

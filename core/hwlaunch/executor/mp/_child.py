@@ -27,12 +27,14 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
+from hwlaunch.executor._capture import capture_output
 from hwlaunch.executor._mainprep import (
     STDIN,
     refuse_reimport,
     refuse_stdin_reimport,
     reimport_main,
 )
+from hwlaunch.executor._proctitle import set_title
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor._stacks import start_stack_thread
 from hwlaunch.executor.mp import _driver_death as driver_death
@@ -160,6 +162,8 @@ def worker_main(
     pdeathsig: bool,
     parent_pid: int | None,
     main: tuple[str, str] | None = None,
+    output: tuple[Connection, Connection] | None = None,
+    line_buffered: bool = False,
 ) -> None:
     """Start the worker, report ready (or the start-up failure), then serve RPCs until told.
 
@@ -167,10 +171,12 @@ def worker_main(
     ``hwlaunch.executor._mainprep``); re-imported here, before any other import, so that a failure
     comes back to the parent with its traceback. The plan's env is set before that, on the only
     thread: what the program's imports read (OMP_NUM_THREADS when torch is imported) is there.
+    ``output``: the driver's pipes for fds 1 and 2 (``hwlaunch.executor._capture``).
     """
-    for fd in inherited_fds:  # under fork: the parent's ends of the pipes must not stay open here
-        with contextlib.suppress(OSError):
-            os.close(fd)
+    _close_inherited(inherited_fds)
+    if output is not None:
+        capture_output(output, line_buffered, forked=plan.start_method == "fork")
+    set_title(plan.backend, rank)
     if replace_environ:  # the parent's whole environment, as it was at launch
         os.environ.clear()
     os.environ.update(env)
@@ -200,15 +206,22 @@ def worker_main(
 
 
 def _refuse_forked_unsafe_main(plan: Plan) -> None:
+    """Under fork this worker's __main__ is the parent's: its own spawned children would re-run
+    the launch, or code read from stdin. (Under spawn/forkserver the resolver made sure the
+    main is safe, and reimport_main handles stdin.)"""
     guard = plan.facts.main_guard if plan.facts is not None else None
     if guard is not None and guard.file and plan.start_method == "fork":
-        # This worker's __main__ is the parent's: its own spawned children would re-run the
-        # launch, or code read from stdin. (Under spawn/forkserver the resolver made sure the
-        # main is safe, and reimport_main handles stdin.)
         if guard.status == "unguarded":
             refuse_reimport(guard.where() or guard.file)
         elif os.path.basename(guard.file) == STDIN:
             refuse_stdin_reimport()
+
+
+def _close_inherited(fds: tuple[int, ...]) -> None:
+    """Under fork: the parent's ends of the pipes must not stay open in the worker."""
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _reimport_or_fail(main: tuple[str, str], conn: Connection, method: str | None) -> None:

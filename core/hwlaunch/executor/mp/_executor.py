@@ -41,6 +41,7 @@ from hwlaunch.executor.mp._child import worker_main
 from hwlaunch.executor.mp._forkserver import ServerProcess, server_for, start_through
 from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
 from hwlaunch.executor.mp._messages import CALL, request_head
+from hwlaunch.executor.mp._output_pipes import OutputPipes
 from hwlaunch.executor.mp._pipe_channel import open_channel
 from hwlaunch.executor.mp._quiet_fork import quiet_own_fork
 from hwlaunch.executor.mp._shm_channel import ChannelLost, ShmChannel
@@ -78,6 +79,13 @@ def _decode_reply(data: bytes | memoryview) -> tuple[int | None, bool, Any]:
         return None, False, Failure.current(exc)
 
 
+def _is_terminal(stream: Any) -> bool:
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
 class MultiprocExecutor(Executor):
     """Workers as local processes, one per rank, on one node, with the plan's start method."""
 
@@ -106,6 +114,9 @@ class MultiprocExecutor(Executor):
         # exitpriority >= 0: runs in multiprocessing's atexit hook *before* it joins every
         # non-daemonic child, so that join finds the workers already gone instead of hanging.
         self._finalizer = Finalize(self, self._group.shutdown, exitpriority=50)
+        self._output = OutputPipes(self.plan)  # self.plan: with its log run directory
+        # After the shutdown above (lower priority runs later): the workers' last lines.
+        self._output_finalizer = Finalize(self, self._output.close, exitpriority=49)
 
     @property
     def pids(self) -> list[int | None]:
@@ -135,6 +146,7 @@ class MultiprocExecutor(Executor):
             options = self._child_options(rank, extension, init_distributed, master_port)
             self._spawn(ctx, rank, options, death_r, death_w)
         death_r.close()
+        self._output.start()
         self._await_ready()
         self._sentinels = [process.sentinel for process in group.processes]
         group.wake_r, group.wake_w = ctx.Pipe(duplex=False)
@@ -169,6 +181,7 @@ class MultiprocExecutor(Executor):
             # only safe from the main thread, or from the fork server's.
             pdeathsig=threading.current_thread() is threading.main_thread() or forkserver,
             parent_pid=None if forkserver else os.getpid(),
+            line_buffered=_is_terminal(sys.stdout),
         )
 
     def _spawn(
@@ -186,15 +199,18 @@ class MultiprocExecutor(Executor):
         channel.conns.append(parent_conn)
         stacks_conn, child_stacks = ctx.Pipe()
         group.stack_conns.append(stacks_conn)
+        output = self._output.open(rank)
         inherited: tuple[int, ...] = ()
         if self.plan.start_method == "fork":
             inherited = (death_w.fileno(), *(c.fileno() for c in group.conns))
             inherited += (*(c.fileno() for c in group.stack_conns), *channel.child_fds(rank))
+            inherited += self._output.parent_fds()
         options = dict(
             options,
             conn=child_conn,
             channel=channel.endpoint(rank, child_conn),
             stacks=child_stacks,
+            output=output,
         )
         name = f"hwlaunch-{self.plan.backend}-rank{rank}"
         with _global_start_method_kept():
@@ -223,6 +239,7 @@ class MultiprocExecutor(Executor):
         group.identities.append(process_tree.identify(process.pid))
         child_conn.close()
         child_stacks.close()
+        self._output.started(rank, process.pid)
         self.report_status(rank, "started")
 
     def _await_ready(self) -> None:
@@ -275,7 +292,9 @@ class MultiprocExecutor(Executor):
         try:
             self._rpc_id = rpc_id = self._rpc_id + 1
             head = request_head(CALL, rpc_id, reply_rank)
-            return self._send_and_collect(rpc_id, head, payload, label, timeout)
+            replies = self._send_and_collect(rpc_id, head, payload, label, timeout)
+            self._output.sync()  # what the call printed, before the caller's next line
+            return replies
         finally:
             group.leave_rpc()
 
@@ -325,6 +344,7 @@ class MultiprocExecutor(Executor):
     def _lost(self, rank: int, label: str) -> Exception:
         """A worker's pipe or process ended during an RPC: its death, or our own shutdown."""
         died = self._group.record_death(rank)
+        self._output_finalizer()  # the workers are gone: their last lines before the error
         if died is None:
             return self.closed_during(label)
         self.state.record_death(died)
@@ -375,3 +395,4 @@ class MultiprocExecutor(Executor):
         self._finalizer.cancel()
         # returns at once, or waits for a shutdown in progress elsewhere
         self._group.shutdown(polite=polite, reason=self.state.reason)
+        self._output_finalizer()

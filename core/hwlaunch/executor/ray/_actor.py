@@ -7,6 +7,7 @@ as the mp child does, so errors and semantics match.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from typing import Any
 
@@ -14,10 +15,11 @@ from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor._stacks import thread_stacks
 from hwlaunch.executor.base import free_port
 from hwlaunch.executor.ray._cluster import import_ray
+from hwlaunch.executor.ray._output import ActorOutput
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 
-__all__ = ["RankActor"]
+__all__ = ["RankActor", "rank_actor_class"]
 
 
 class RankActor:
@@ -25,6 +27,7 @@ class RankActor:
 
     def __init__(self) -> None:
         self.worker: Worker | None = None
+        self.output = ActorOutput()  # first: everything the rank writes goes to the driver
 
     def place(self, resource: str, want_port: bool) -> dict[str, Any]:
         """Where this actor runs, the devices Ray gave it, and (rank 0) a rendezvous port."""
@@ -41,6 +44,7 @@ class RankActor:
             "node_id": node_id,
             "node_ip": ip,
             "pid": os.getpid(),
+            "host": socket.gethostname(),
             "device_ids": [str(i) for i in context.get_accelerator_ids().get(resource, [])],
             "port": free_port(ip) if want_port else None,
         }
@@ -77,6 +81,11 @@ class RankActor:
         WorkerError, as under the mp executor."""
         return answer(self.worker, payload, keep_value=keep_value)
 
+    def collect_output(self, wait: float) -> list[tuple[int, bytes]]:
+        """The rank's output since the last call (``hwlaunch.executor.ray._output``); runs in
+        a concurrency group of its own, beside calls."""
+        return self.output.collect(wait)
+
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
@@ -90,3 +99,11 @@ class RankActor:
         """Never returns: Ray fails this call when the actor dies (its process killed, its node
         lost). It runs in a concurrency group of its own, so calls still run one at a time."""
         threading.Event().wait()
+
+
+def rank_actor_class(backend: str, rank: int) -> type[RankActor]:
+    """RankActor under the name ``hwlaunch_<backend>_rank<R>``: Ray titles each actor process
+    ``ray::<class name>.<method>`` (and its kernel name after it), so ``ps`` and ``top`` show
+    which rank an actor is, and Ray's tools still see one of its workers."""
+    name = f"hwlaunch_{backend}_rank{rank}"
+    return type(name, (RankActor,), {"__qualname__": name, "__doc__": RankActor.__doc__})

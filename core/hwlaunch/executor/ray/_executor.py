@@ -34,8 +34,9 @@ from hwlaunch.executor.base import (
     gather,
     worker_environment,
 )
-from hwlaunch.executor.ray._actor import RankActor
+from hwlaunch.executor.ray._actor import rank_actor_class
 from hwlaunch.executor.ray._cluster import connect, import_ray, release
+from hwlaunch.executor.ray._output import OUTPUT_GROUP, OutputCollector
 from hwlaunch.executor.ray._placement import (
     RankNode,
     actor_resources,
@@ -88,6 +89,7 @@ class _ActorGroup:
         self.released = False  # this group's use of the connection has ended
         self.monitor: threading.Thread | None = None
         self.on_death: Callable[[WorkerDiedError], None] | None = None  # the restart controller
+        self.output: OutputCollector | None = None  # the ranks' stdout and stderr
 
     # -- deaths --------------------------------------------------------------------------
     def record_death(self, rank: int, exc: BaseException) -> WorkerDiedError | None:
@@ -157,6 +159,8 @@ class _ActorGroup:
                 return  # Ray's own shutdown already ended every actor and placement group
             if polite and not self.busy and self.actors:
                 self._stop_actors()
+            if polite and self.output is not None:
+                self.output.drain()  # what the ranks wrote up to here, before they are killed
             for actor in self.actors:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
@@ -166,6 +170,8 @@ class _ActorGroup:
             if self.monitor is not None and self.monitor is not threading.current_thread():
                 self.monitor.join(MONITOR_POLL * 4)  # done with Ray before the connection ends
         finally:
+            if self.output is not None:
+                self.output.close()
             if release_now:
                 release(ray)
 
@@ -256,6 +262,8 @@ class RayExecutor(Executor):
             RankNode(rank, local[rank][0], p["node_id"], p["node_ip"], p["pid"])
             for rank, p in enumerate(places)
         ]
+        group.output = OutputCollector(ray, plan)
+        group.output.start(group.actors, places, [rank_local for rank_local, _ in local])
         visible = node_visibility(node_of_rank, [p["device_ids"] for p in places])
         master = (places[0]["node_ip"], int(places[0]["port"]))
         starts = [
@@ -279,7 +287,7 @@ class RayExecutor(Executor):
         """One actor per rank in its bundle, with the rank's variables from process start."""
         group, plan, ray = self._group, self.plan, self._group.ray
         strategies = importlib.import_module("ray.util.scheduling_strategies")
-        actor_class = ray.remote(concurrency_groups={WATCH_GROUP: 1, CONTROL_GROUP: 1})(RankActor)
+        groups = {WATCH_GROUP: 1, CONTROL_GROUP: 1, OUTPUT_GROUP: 1}
         # Ray starts actors from its node's environment, not this driver's: what workers need
         # from here (worker_environment holds the propagate_env variables) travels in the
         # runtime environment, to every node.
@@ -290,6 +298,9 @@ class RayExecutor(Executor):
             env = worker_environment(plan, rank, local[rank][0], "", 0, local[rank][1])
             for key in ("MASTER_ADDR", "MASTER_PORT", plan.device_control_env_var):
                 env.pop(key or "", None)  # known once the actors are placed: see _start_env
+            actor_class = ray.remote(concurrency_groups=groups)(
+                rank_actor_class(plan.backend, rank)
+            )
             group.actors.append(
                 actor_class.options(
                     **actor_resources(plan.ray_resource),
