@@ -331,7 +331,8 @@ def channel_targets(channels: dict[str, Any]) -> list[Target]:
     ]
 
 
-def targets(ready: dict[str, Any], rpc: dict[str, Any], startup: dict[str, Any]) -> list[Target]:
+def launch_targets(ready: dict[str, Any]) -> list[Target]:
+    """Time to ready and memory of 8 workers: forkserver against spawn and fork."""
     med = ready["median"]
 
     def at8(key: str) -> float:
@@ -342,9 +343,6 @@ def targets(ready: dict[str, Any], rpc: dict[str, Any], startup: dict[str, Any])
     pss = ready["pss_median"]
     fs_pss = pss.get("forkserver", {}).get("workers_kib", float("nan"))
     spawn_pss = pss.get("spawn", {}).get("workers_kib", float("nan"))
-    rpc_med = rpc["median"]
-    hw, floor = rpc_med["hwlaunch/noop"], rpc_med["pipe/noop"]
-    ray = rpc_med.get("ray/noop", float("nan"))
     return [
         Target(
             "forkserver first launch of 8 workers <= 1/2 of spawn's",
@@ -362,6 +360,15 @@ def targets(ready: dict[str, Any], rpc: dict[str, Any], startup: dict[str, Any])
             fs_pss <= 0.5 * spawn_pss,
             f"{fs_pss / 1024:.0f} MiB vs {spawn_pss / 1024:.0f} MiB ({ratio(fs_pss, spawn_pss)})",
         ),
+    ]
+
+
+def rpc_targets(rpc: dict[str, Any]) -> list[Target]:
+    """A collective_rpc no-op against the raw Pipe floor and against a Ray actor call."""
+    rpc_med = rpc["median"]
+    hw, floor = rpc_med["hwlaunch/noop"], rpc_med["pipe/noop"]
+    ray = rpc_med.get("ray/noop", float("nan"))
+    return [
         Target(
             "collective_rpc no-op <= 2x the raw Pipe floor",
             hw <= 2 * floor,
@@ -372,6 +379,12 @@ def targets(ready: dict[str, Any], rpc: dict[str, Any], startup: dict[str, Any])
             ray >= 10 * hw,
             f"{seconds(hw)} vs {seconds(ray)} (Ray {ratio(ray, hw)})",
         ),
+    ]
+
+
+def startup_targets(startup: dict[str, Any]) -> list[Target]:
+    """What a user waits for before any worker: the import, the CLI, resolve(), the guard."""
+    return [
         Target(
             "import hwlaunch < 50 ms (net of python -c pass)",
             startup["import_net"] < 0.050 and not startup["torch_imported"],
@@ -396,21 +409,46 @@ def targets(ready: dict[str, Any], rpc: dict[str, Any], startup: dict[str, Any])
     ]
 
 
-def report(result: dict[str, Any]) -> str:
-    settings, ready, rpc, startup = (
-        result["settings"],
-        result["ready"],
-        result["rpc"],
-        result["startup"],
-    )
+def targets(ready: dict[str, Any], rpc: dict[str, Any], startup: dict[str, Any]) -> list[Target]:
+    return [*launch_targets(ready), *rpc_targets(rpc), *startup_targets(startup)]
+
+
+READY_ROWS = (
+    ("hwlaunch fork, first launch", "fork/first"),
+    ("hwlaunch fork, later launch (alternated with forkserver's)", "fork/later"),
+    ("hwlaunch forkserver, first launch (fresh parent)", "forkserver/first"),
+    ("hwlaunch forkserver, later launch", "forkserver/later"),
+    ("hwlaunch spawn", "spawn/first"),
+    ("torch.multiprocessing.start_processes (spawn)", "torch/first"),
+    ("multiprocessing alone, fork, later launch (reference)", "mp-fork/later"),
+    ("multiprocessing alone, forkserver, later launch (reference)", "mp-forkserver/later"),
+    ("Ray actors, cluster running", "ray/warm"),
+    ("Ray actors, cold (import ray + ray.init)", "ray/cold"),
+)
+RPC_ROWS = (
+    ("raw multiprocessing.Pipe, 2 children (floor)", "pipe"),
+    ("Pipe + pickle (Connection.send/recv)", "pipe+pickle"),
+    ("hwlaunch collective_rpc (mp, fork, shm channel)", "hwlaunch"),
+    ("Ray: ray.get on 2 actor calls", "ray"),
+)
+
+
+def header_section(result: dict[str, Any]) -> list[str]:
+    machine = result["machine"]
+    return [
+        f"hwlaunch benchmark — {machine['cpus']} CPUs, Python "
+        f"{machine['python']}, torch {machine['torch']}, Ray "
+        f"{machine['ray']}; load average {machine['load_before']} before, "
+        f"{machine['load_after']} after; {result['duration_s']:.0f} s in all"
+        + (" (--quick)" if result["quick"] else ""),
+    ]
+
+
+def ready_section(settings: dict[str, Any], ready: dict[str, Any]) -> list[str]:
+    """Time to ready of every contender at each N, as a ratio to hwlaunch spawn's."""
     med = ready["median"]
     sizes = sorted({n for by_n in med.values() for n in by_n})
     out = [
-        f"hwlaunch benchmark — {result['machine']['cpus']} CPUs, Python "
-        f"{result['machine']['python']}, torch {result['machine']['torch']}, Ray "
-        f"{result['machine']['ray']}; load average {result['machine']['load_before']} before, "
-        f"{result['machine']['load_after']} after; {result['duration_s']:.0f} s in all"
-        + (" (--quick)" if result["quick"] else ""),
         "",
         f"### Time to ready (medians: first launches of {settings['repeats']} fresh parents, "
         f"later launches {settings['later_rounds']} per forkserver parent, fork and forkserver "
@@ -419,31 +457,25 @@ def report(result: dict[str, Any]) -> str:
         "| contender | " + " | ".join(f"N={n}" for n in sizes) + " |",
         "|---|" + "---|" * len(sizes),
     ]
-    rows = [
-        ("hwlaunch fork, first launch", "fork/first"),
-        ("hwlaunch fork, later launch (alternated with forkserver's)", "fork/later"),
-        ("hwlaunch forkserver, first launch (fresh parent)", "forkserver/first"),
-        ("hwlaunch forkserver, later launch", "forkserver/later"),
-        ("hwlaunch spawn", "spawn/first"),
-        ("torch.multiprocessing.start_processes (spawn)", "torch/first"),
-        ("multiprocessing alone, fork, later launch (reference)", "mp-fork/later"),
-        ("multiprocessing alone, forkserver, later launch (reference)", "mp-forkserver/later"),
-        ("Ray actors, cluster running", "ray/warm"),
-        ("Ray actors, cold (import ray + ray.init)", "ray/cold"),
-    ]
-    for label, key in rows:
+    for label, key in READY_ROWS:
         cells = []
         for n in sizes:
             value = med.get(key, {}).get(n, float("nan"))
             base = med.get("spawn/first", {}).get(n, float("nan"))
             cells.append("-" if value != value else f"{seconds(value)} ({ratio(value, base)})")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
-    out += [
+    return [
+        *out,
         "",
         f"Ray: ray.init alone {seconds(median(ready['ray_init']))}; Ray's runs: one parent per N "
         f"(1 cold launch, {settings['ray_launches'] - 1} warm). Shutdown of the hwlaunch "
         "workers (median): "
         + ", ".join(f"{m} {seconds(v)}" for m, v in ready["shutdown_median"].items()),
+    ]
+
+
+def memory_section(ready: dict[str, Any]) -> list[str]:
+    out = [
         "",
         "### Memory: summed PSS of 8 idle workers (/proc/PID/smaps_rollup)",
         "",
@@ -458,8 +490,12 @@ def report(result: dict[str, Any]) -> str:
             + (f"{(pss['workers_kib'] + server) / 1024:.0f} MiB" if server else "-")
             + f" | {ratio(pss['workers_kib'], spawn_pss)} |"
         )
+    return out
+
+
+def rpc_section(settings: dict[str, Any], rpc: dict[str, Any]) -> list[str]:
     rmed = rpc["median"]
-    out += [
+    out = [
         "",
         f"### collective_rpc round trip to 2 workers (median of {settings['rpc_rounds']} "
         "interleaved rounds)",
@@ -467,19 +503,17 @@ def report(result: dict[str, Any]) -> str:
         "| path | no-op | vs Pipe floor | 1 MB echo | vs Pipe floor |",
         "|---|---|---|---|---|",
     ]
-    for label, key in (
-        ("raw multiprocessing.Pipe, 2 children (floor)", "pipe"),
-        ("Pipe + pickle (Connection.send/recv)", "pipe+pickle"),
-        ("hwlaunch collective_rpc (mp, fork, shm channel)", "hwlaunch"),
-        ("Ray: ray.get on 2 actor calls", "ray"),
-    ):
+    for label, key in RPC_ROWS:
         noop, big = rmed.get(f"{key}/noop", float("nan")), rmed.get(f"{key}/1MB", float("nan"))
         out.append(
             f"| {label} | {seconds(noop)} | {ratio(noop, rmed['pipe/noop'])} | {seconds(big)} | "
             f"{ratio(big, rmed['pipe/1MB'])} |"
         )
-    out += ["", "### RPC channels side by side", "", channel_report(result["channels"])]
-    out += [
+    return out
+
+
+def startup_section(startup: dict[str, Any]) -> list[str]:
+    return [
         "",
         "### Start-up costs",
         "",
@@ -497,15 +531,34 @@ def report(result: dict[str, Any]) -> str:
         f"| main-guard detection, cached | {seconds(startup['mainguard_cached'])} |",
         f"| whole-file `ast.parse` of that script (for reference) | "
         f"{seconds(startup['mainguard_whole_parse'])} |",
-        "",
-        "### Targets",
-        "",
     ]
+
+
+def targets_section(result: dict[str, Any]) -> list[str]:
+    out = ["", "### Targets", ""]
     for target in result["targets"]:
         status = {True: "PASS", False: "MISS", None: "N/A"}[target["passed"]]
         out.append(f"- **{status}** {target['name']}: {target['detail']}")
-    if ready["warnings"]:
-        out += ["", "Executor warnings seen: " + "; ".join(ready["warnings"])]
+    warnings = result["ready"]["warnings"]
+    if warnings:
+        out += ["", "Executor warnings seen: " + "; ".join(warnings)]
+    return out
+
+
+def report(result: dict[str, Any]) -> str:
+    settings, ready = result["settings"], result["ready"]
+    out = [
+        *header_section(result),
+        *ready_section(settings, ready),
+        *memory_section(ready),
+        *rpc_section(settings, result["rpc"]),
+        "",
+        "### RPC channels side by side",
+        "",
+        channel_report(result["channels"]),
+        *startup_section(result["startup"]),
+        *targets_section(result),
+    ]
     return "\n".join(out) + "\n"
 
 

@@ -475,7 +475,7 @@ def recovery(reps: int, cycles: int) -> dict[str, Any]:
     return {"restart": restarts, "parent_sigkill": trees, "kill_restart_cycles": cycled}
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/reliability.json"))
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each fault")
@@ -487,51 +487,89 @@ def main() -> None:
         help="only the recovery figures (restarts, process-tree cleanup, kill/restart cycles)",
     )
     parser.add_argument("--cycles", type=int, default=100, help="kill/restart cycles")
-    args = parser.parse_args()
-    if args.recovery_only:
-        import torch
+    return parser.parse_args()
 
-        result = {"tree": tree_state(), "recovery": recovery(args.reps, args.cycles)}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
-        return
 
-    import torch  # the parent has torch loaded, as a real one does: fork workers share it
+def fault_row(item: Fault, method: str, reps: int, stamp: Path) -> dict[str, Any]:
+    """``reps`` runs of one fault under one start method; a failed run is reported, not hidden."""
+    samples: list[Sample] = []
+    failures: list[str] = []
+    for _ in range(reps):
+        stamp.unlink(missing_ok=True)
+        try:
+            samples.append(item.run(method, stamp))
+        except Exception as exc:  # reported in the table, not hidden
+            failures.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
+            for pid in our_workers():  # leave nothing behind for the next one
+                psutil.Process(pid).kill()
+    summary = summarize(samples) if samples else {}
+    text = bound(summary, item.metric) if samples else "no sample"
+    if failures:
+        text += f"; FAILED {len(failures)} of {reps}: {failures[0]}"
+    return {
+        "fault": item.name,
+        "start_method": method,
+        "what_happens": item.what,
+        "measured_bound": text,
+        "summary": summary,
+        "samples": samples,
+        "failures": failures,
+    }
 
-    # The cycles first, so that "before" is a parent that never launched anything.
-    soaked = None if args.skip_soak else soak()
+
+def fault_rows(methods: list[str], reps: int) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
         stamp = Path(folder) / "fault-time"
         os.environ[STAMP] = str(stamp)
-        for method in args.methods:
+        for method in methods:
             for item in FAULTS:
-                samples: list[Sample] = []
-                failures: list[str] = []
-                for _ in range(args.reps):
-                    stamp.unlink(missing_ok=True)
-                    try:
-                        samples.append(item.run(method, stamp))
-                    except Exception as exc:  # reported in the table, not hidden
-                        failures.append(f"{type(exc).__name__}: {exc}".splitlines()[0])
-                        for pid in our_workers():  # leave nothing behind for the next one
-                            psutil.Process(pid).kill()
-                summary = summarize(samples) if samples else {}
-                text = bound(summary, item.metric) if samples else "no sample"
-                if failures:
-                    text += f"; FAILED {len(failures)} of {args.reps}: {failures[0]}"
-                rows.append(
-                    {
-                        "fault": item.name,
-                        "start_method": method,
-                        "what_happens": item.what,
-                        "measured_bound": text,
-                        "summary": summary,
-                        "samples": samples,
-                        "failures": failures,
-                    }
-                )
+                rows.append(fault_row(item, method, reps, stamp))
                 print(f"{item.name} [{method}]: {rows[-1]['measured_bound']}", file=sys.stderr)
+    return rows
+
+
+def print_faults(rows: list[dict[str, Any]], reps: int, soaked: dict[str, Any] | None) -> None:
+    print("| fault | start method | what happens | measured bound (median over "
+          f"{reps}, max) |")  # fmt: skip
+    print("| --- | --- | --- | --- |")
+    for row in rows:
+        print(
+            f"| {row['fault']} | {row['start_method']} | {row['what_happens']} | "
+            f"{row['measured_bound']} |"
+        )
+    if soaked is not None:
+        before, after = soaked["before"], soaked["after"]
+        counts = ", ".join(f"{k} {before[k]} -> {after[k]}" for k in before)
+        cycles = ", ".join(
+            f"{k}: {fmt(v['median'])} x{v['n']}" for k, v in soaked["cycle_s"].items()
+        )
+        helpers_before, helpers_after = (
+            soaked["stdlib_helpers_before"],
+            soaked["stdlib_helpers_after"],
+        )
+        print(
+            f"| 200 launch/RPC/shutdown cycles | mixed | before -> after: {counts} "
+            f"(children: the stdlib fork server and resource tracker, {len(helpers_before)} "
+            f"-> {len(helpers_after)}) | per cycle: {cycles} |"
+        )
+
+
+def write(out: Path, result: dict[str, Any]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def main() -> None:
+    args = arguments()
+    import torch  # the parent has torch loaded, as a real one does: fork workers share it
+
+    if args.recovery_only:
+        write(args.out, {"tree": tree_state(), "recovery": recovery(args.reps, args.cycles)})
+        return
+    # The cycles first, so that "before" is a parent that never launched anything.
+    soaked = None if args.skip_soak else soak()
+    rows = fault_rows(args.methods, args.reps)
     result: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -548,27 +586,8 @@ def main() -> None:
     if soaked is not None:
         result["soak_200_cycles"] = soaked
     result["recovery"] = recovery(args.reps, args.cycles)
-
-    print("| fault | start method | what happens | measured bound (median over "
-          f"{args.reps}, max) |")  # fmt: skip
-    print("| --- | --- | --- | --- |")
-    for row in rows:
-        print(
-            f"| {row['fault']} | {row['start_method']} | {row['what_happens']} | "
-            f"{row['measured_bound']} |"
-        )
-    if "soak_200_cycles" in result:
-        s = result["soak_200_cycles"]
-        before, after = s["before"], s["after"]
-        counts = ", ".join(f"{k} {before[k]} -> {after[k]}" for k in before)
-        cycles = ", ".join(f"{k}: {fmt(v['median'])} x{v['n']}" for k, v in s["cycle_s"].items())
-        print(
-            f"| 200 launch/RPC/shutdown cycles | mixed | before -> after: {counts} "
-            f"(children: the stdlib fork server and resource tracker, {len(s['stdlib_helpers_before'])} "
-            f"-> {len(s['stdlib_helpers_after'])}) | per cycle: {cycles} |"
-        )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_faults(rows, args.reps, soaked)
+    write(args.out, result)
 
 
 if __name__ == "__main__":

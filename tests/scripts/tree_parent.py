@@ -3,7 +3,7 @@
 Each worker starts two ``subprocess.Popen(["sleep", "300"])`` and a 2-process
 ``multiprocessing.Pool``; the parent prints one JSON line with its pid, the workers' pids and
 every descendant of the workers, then blocks: idle in ``time.sleep`` (MODE ``idle``) or inside
-a 600 s RPC (MODE ``busy``). Used by tests/test_process_tree.py and benchmarks/reliability.py.
+a 600 s RPC (MODE ``busy``). Used by tests/integration/test_process_tree.py and benchmarks/reliability.py.
 Usage: tree_parent.py START_METHOD [MODE] [WORLD_SIZE]
 """
 

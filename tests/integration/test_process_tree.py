@@ -25,7 +25,7 @@ import pytest
 from processes import alive, kill_all, processes, wait_until
 
 METHODS = ["fork", "spawn", "forkserver"]
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 REPEATS = 3  # the parent-death race showed up in some runs only: one pass proves little
 
 pytestmark = pytest.mark.timeout(300)

@@ -1,6 +1,6 @@
 """Plugin contract v1 with real plugin distributions, installed with pip into a target directory.
 
-tests/contract_dists holds one distribution per case: a site policy plugin that provides no
+tests/plugins/contract_dists holds one distribution per case: a site policy plugin that provides no
 backend, a plugin whose worker setup fails, one that needs a newer contract, one with a
 misspelled hook, and one bound job-wide whose device is absent here (tested with assumed facts).
 Every check runs ``python -m hwlaunch.cli`` or a launching script in a subprocess whose
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -19,54 +18,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_sites import CONTRACT_DISTS as DISTS
+from plugin_sites import distributions, install, site_environ
 
 import hwlaunch
 
-DISTS = Path(__file__).parent / "contract_dists"
 SECRET = "s3cr3t-token-value-0451"
 
 
 def without_budget(env: dict[str, str]) -> dict[str, str]:
-    """The env without the thread budget's variables (tests/test_thread_budget.py has them)."""
+    """The env without the thread budget's variables (tests/integration/test_thread_budget.py has them)."""
     return {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
 
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("contract_dists")
-    sources = [
-        str(shutil.copytree(dist, root / "src" / dist.name))
-        for dist in sorted(DISTS.iterdir())
-        if (dist / "pyproject.toml").is_file()
-    ]
-    target = root / "site"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
-            *("--no-deps", "--no-build-isolation", "--no-index", "--target", str(target)),
-            *sources,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"pip install failed:\n{done.stdout}\n{done.stderr}")
-    return target
+    return install(distributions(DISTS), tmp_path_factory.mktemp("contract_dists") / "site")
 
 
 def environment(site: Path, plugins: str, **env: str) -> dict[str, str]:
-    environ = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("HWLAUNCH_", "NCCL_", "WIDE_", "SITE_"))
-    }
-    environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(site), os.environ.get("PYTHONPATH")) if p
-    )
-    environ["HWLAUNCH_PLUGINS"] = plugins  # third parties of this case only; built-ins always
-    environ.update(env)
-    return environ
+    """Only this case's third-party plugins (built-ins always load), none of the variables a
+    previous case's plugin reads."""
+    drop = ("HWLAUNCH_", "NCCL_", "WIDE_", "SITE_")
+    return site_environ(site, drop, HWLAUNCH_PLUGINS=plugins, **env)
 
 
 def cli(site: Path, plugins: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

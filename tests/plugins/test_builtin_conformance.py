@@ -39,6 +39,6 @@ class TestMpExecutor(ExecutorConformance):
 
 
 class TestExternalExecutor(ExecutorConformance):
-    """Skips: it runs under torchrun only (tests/test_external.py)."""
+    """Skips: it runs under torchrun only (tests/integration/test_external.py)."""
 
     executor = "external"

@@ -26,7 +26,7 @@ from hwlaunch import Plan, WorkerDiedError
 from hwlaunch.errors import ConfigError
 
 METHODS = ["fork", "forkserver", "spawn"]
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 pytestmark = pytest.mark.timeout(240)
 

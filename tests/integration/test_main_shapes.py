@@ -290,7 +290,7 @@ def test_workers_hand_main_functions_to_their_own_pools(tmp_path: Path) -> None:
 def test_unguarded_script_whose_worker_starts_a_spawn_pool(tmp_path: Path) -> None:
     """The forked worker's spawned Pool children must not re-run the module-level launch, so
     they cannot have ``__main__.square``: a fork Pool works, a spawn or forkserver Pool of it
-    fails at once naming it (no hang, no rerun; tests/test_worker_children.py has the rest)."""
+    fails at once naming it (no hang, no rerun; tests/integration/test_worker_children.py has the rest)."""
     source = (
         DEFS
         + POOLS

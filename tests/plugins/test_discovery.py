@@ -2,7 +2,7 @@
 
 Why real distributions: discovery is importlib.metadata reading ``.dist-info`` entry points, and
 what the user sees (distribution name, version, the reason a plugin failed) comes from there. The
-small distributions under ``tests/plugin_dists/`` are built and installed once per session into a
+small distributions under ``tests/plugins/plugin_dists/`` are built and installed once per session into a
 temporary ``--target`` directory; each check runs ``python -m hwlaunch.cli`` in a subprocess with
 that directory on PYTHONPATH, so the entry points are visible exactly as after ``pip install``.
 """
@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_sites import PLUGIN_DISTS as DISTS
+from plugin_sites import distributions, hwlaunch_cli, install
 
 from hwlaunch import _discovery as discovery_module
 from hwlaunch.errors import BackendUnavailableError, PluginError
 from hwlaunch.planning.registry import PluginRecord, default_registry, load_registry
 
-DISTS = Path(__file__).parent / "plugin_dists"
 BUILTINS = ("cpu", "cuda", "hpu", "xpu")
 BUILTIN_PLUGINS = ("cpu", "cuda", "executors", "hpu", "xpu")  # by name; executors are a plugin
 HWLAUNCH_VERSION = importlib.metadata.version("hwlaunch")
@@ -108,50 +107,13 @@ THIRD_PARTY = sorted({name for name, _ in FAILURES} - {"cpu"} | {"goodnpu"})
 @pytest.fixture(scope="session")
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Build and install every test distribution, once, into one ``pip --target`` directory."""
-    root = tmp_path_factory.mktemp("plugin_dists")
-    sources = [
-        str(
-            shutil.copytree(  # a copy: setuptools writes build/ and *.egg-info next to sources
-                dist,
-                root / "src" / dist.name,
-                ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
-            )
-        )
-        for dist in sorted(DISTS.iterdir())
-        if (dist / "pyproject.toml").is_file()
-    ]
-    site = root / "site"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
-            *("--no-deps", "--no-build-isolation", "--no-index", "--target", str(site)),
-            *sources,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"pip install of the test distributions failed:\n{done.stdout}\n{done.stderr}")
-    return site
+    return install(distributions(DISTS), tmp_path_factory.mktemp("plugin_dists") / "site")
 
 
 def hwlaunch(site: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """Run ``python -m hwlaunch.cli ARGS`` with the plugins of ``site`` and only the given
     HWLAUNCH_* variables, in an empty directory (no hwlaunch.toml to pick up)."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
-    environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
-    )
-    environ.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "hwlaunch.cli", *args],
-        env=environ,
-        cwd=site.parent,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    return hwlaunch_cli(site, *args, cwd=site.parent, timeout=60, **env)
 
 
 def json_of(done: subprocess.CompletedProcess[str]) -> Any:

@@ -13,15 +13,14 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+import plugin_sites
 import psutil
 import pytest
+from plugin_sites import PLUGIN_DISTS, install
 
 import hwlaunch
 from hwlaunch.errors import ConfigError, WorkerError
@@ -31,7 +30,6 @@ from hwlaunch.planning.registry import default_registry
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
-DISTS = Path(__file__).parent / "plugin_dists"
 # good_npu works; import_fails holds two plugins that fail; hook_raises has a misspelt hook.
 SITE_DISTS = ("good_npu", "import_fails", "hook_raises")
 
@@ -40,29 +38,7 @@ SITE_DISTS = ("good_npu", "import_fails", "hook_raises")
 def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The test distributions of ``SITE_DISTS``, pip-installed once into a ``--target``."""
     root = tmp_path_factory.mktemp("bad_input_plugins")
-    sources = [
-        str(
-            shutil.copytree(
-                DISTS / name,
-                root / "src" / name,
-                ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
-            )
-        )
-        for name in SITE_DISTS
-    ]
-    site = root / "site"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
-            *("--no-deps", "--no-build-isolation", "--no-index", "--target", str(site)),
-            *sources,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, f"pip install failed:\n{done.stdout}\n{done.stderr}"
-    return site
+    return install([PLUGIN_DISTS / name for name in SITE_DISTS], root / "site")
 
 
 def hwlaunch_cli(
@@ -70,19 +46,7 @@ def hwlaunch_cli(
 ) -> subprocess.CompletedProcess[str]:
     """``python -m hwlaunch.cli ARGS`` with only the given HWLAUNCH_* variables (and the
     plugins of ``site``), in the test's empty working directory."""
-    environ = {k: v for k, v in os.environ.items() if not k.upper().startswith("HWLAUNCH_")}
-    if site is not None:
-        environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
-        )
-    environ.update(env)
-    return subprocess.run(
-        [sys.executable, "-m", "hwlaunch.cli", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return plugin_sites.hwlaunch_cli(site, *args, timeout=timeout, **env)
 
 
 def user_error(done: subprocess.CompletedProcess[str]) -> str:

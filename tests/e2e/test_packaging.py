@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BUILTINS = ("cpu", "cuda", "hpu", "xpu")
 BUILTIN_PLUGINS = (*BUILTINS, "executors")  # the built-in executors are a plugin too
 # Build outputs and caches of the working tree that must not be copied into the build.
@@ -93,3 +94,60 @@ def test_installed_wheel_finds_its_plugins(wheel: Path, tmp_path: Path) -> None:
     for file in found["files"]:
         assert Path(file).is_relative_to(target), file
     assert found["backends"] == sorted(BUILTINS)
+
+
+def test_sdist_carries_the_plugins_as_files(tmp_path: Path) -> None:
+    """core/hwlaunch/plugins is a symlink in the repository; the sdist must hold real files, so
+    that a wheel built from it (on any platform) has the plugins."""
+    source = tmp_path / "hwlaunch"
+    shutil.copytree(ROOT, source, ignore=IGNORE, symlinks=True)
+    subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(tmp_path / "dist"),
+         str(source)],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    (sdist,) = (tmp_path / "dist").glob("hwlaunch-*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        members = {m.name.split("/", 1)[1]: m for m in archive.getmembers() if "/" in m.name}
+    for name in BUILTIN_PLUGINS:
+        member = members[f"core/hwlaunch/plugins/{name}/__init__.py"]
+        assert member.isfile(), f"{member.name} is not a regular file in the sdist"
+    assert not [m.name for m in members.values() if m.issym()]
+
+
+def test_the_editable_install_is_a_plain_path_entry() -> None:
+    """The import package is a real directory (core/hwlaunch), so an editable install adds one
+    path (core/) and needs no import hook that tools (mypy, import-linter) cannot see."""
+    import hwlaunch
+
+    if not Path(hwlaunch.__file__).is_relative_to(ROOT):
+        pytest.skip("hwlaunch is not installed from this checkout")
+    pth = [
+        p for p in map(Path, sys.path) if p.is_dir() for p in p.glob("__editable__*hwlaunch*.pth")
+    ]
+    assert pth, "no editable .pth file for hwlaunch on sys.path"
+    lines = pth[0].read_text(encoding="utf-8").split()
+    assert lines == [str(ROOT / "core")]
+
+
+@pytest.mark.parametrize("how", ["script", "-c", "-m"])
+def test_a_clone_named_hwlaunch_beside_the_program_does_not_shadow_the_package(
+    tmp_path: Path, how: str
+) -> None:
+    """A directory named hwlaunch/ without __init__.py (a clone of the repository) next to the
+    program is at most a namespace portion; the installed regular package wins over it."""
+    clone = tmp_path / "hwlaunch"
+    shutil.copytree(ROOT, clone, ignore=IGNORE, symlinks=True)
+    code = (
+        "import hwlaunch; print(hwlaunch.__file__); print(hwlaunch.resolve(backend='cpu').backend)"
+    )
+    (tmp_path / "prog.py").write_text(code + "\n", encoding="utf-8")
+    argv = {"script": ["prog.py"], "-c": ["-c", code], "-m": ["-m", "prog"]}[how]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, *argv], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    file, backend = result.stdout.split()
+    assert not Path(file).is_relative_to(clone)
+    assert backend == "cpu"

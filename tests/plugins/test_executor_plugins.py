@@ -1,6 +1,6 @@
 """Third-party executor plugins, installed with pip into a target directory.
 
-``tests/executor_plugin_dists/zoo`` is one distribution with four entry points: ``inline``, a
+``tests/plugins/executor_plugin_dists/zoo`` is one distribution with four entry points: ``inline``, a
 working executor, and three broken ones (its class cannot be imported, its class is no
 Executor, its spec is invalid). Each check runs ``python -m hwlaunch.cli`` in a subprocess with
 the target directory on PYTHONPATH, as after ``pip install``.
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_sites import EXECUTOR_DISTS, hwlaunch_cli, install
 
-ZOO = Path(__file__).parent / "executor_plugin_dists" / "zoo"
+ZOO = EXECUTOR_DISTS / "zoo"
 DISTRIBUTION = "hwlaunch-executor-zoo"
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -26,34 +26,11 @@ pytestmark = [pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("executor_plugins")
-    copy = shutil.copytree(ZOO, root / "zoo")
-    target = root / "site"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
-            *("--no-deps", "--no-build-isolation", "--no-index", "--target", str(target)),
-            str(copy),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return target
+    return install([ZOO], tmp_path_factory.mktemp("executor_plugins") / "site")
 
 
 def hwlaunch(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "hwlaunch.cli", *args],
-        env=env,
-        cwd=site.parent,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    return hwlaunch_cli(site, *args, cwd=site.parent)
 
 
 def json_of(done: subprocess.CompletedProcess[str]) -> Any:

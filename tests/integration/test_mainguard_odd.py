@@ -1,6 +1,6 @@
-"""Main-guard detection over odd programs that tests/test_mainguard.py does not already run.
+"""Main-guard detection over odd programs that tests/integration/test_mainguard.py does not already run.
 
-tests/test_mainguard.py covers a main deleted before detection, edited after start, very long,
+tests/integration/test_mainguard.py covers a main deleted before detection, edited after start, very long,
 ``exec`` of a string and under a borrowed file name, ``runpy.run_path``, a zip application and a
 sourceless ``.pyc``. Here: code compiled under the main file's *own* name, a main rewritten with
 syntax the parser cannot read or bytes it cannot decode, deleted after a cached detection,
@@ -67,7 +67,7 @@ def test_exec_under_the_main_files_own_name_is_not_guarded(tmp_path: Path) -> No
     """Code compiled from a string under ``__file__`` is not the file: its line 5 is not the
     file's line 5. The launch really runs at module level (line 3), unguarded.
 
-    Fails today: ``_detect`` in core/mainguard.py trusts the innermost module-level frame whose
+    Fails today: ``_detect`` in core/hwlaunch/planning/mainguard.py trusts the innermost module-level frame whose
     ``co_filename`` equals its ``__file__``, which the exec'd string satisfies; its line 5 falls
     in the file's guard body, so the answer is a wrong "guarded".
     """

@@ -47,7 +47,7 @@ from hwlaunch.executor.mp._shm_channel import (
 
 METHODS = ["fork", "spawn", "forkserver"]
 SPINS = [0.0, 0.05]
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 SMALL_CHUNK = 1024
 MIB = 1024 * 1024
 HWLAUNCH_CLI = str(Path(sys.executable).with_name("hwlaunch"))

@@ -9,8 +9,8 @@
 - A config file is data: a value that looks like an import path or a shell command is never
   imported or executed, by resolve() nor by the workers that get it in their environment.
 
-Plugin allow- and blocklists are tested with installed distributions in tests/test_discovery.py;
-the Ray cluster's bind address in tests/test_executor_ray.py.
+Plugin allow- and blocklists are tested with installed distributions in tests/plugins/test_discovery.py;
+the Ray cluster's bind address in tests/integration/test_executor_ray.py.
 """
 
 from __future__ import annotations

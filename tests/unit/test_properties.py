@@ -327,7 +327,7 @@ def test_raw_config_text_gives_a_plan_or_names_the_file(raw: str | bytes, clean_
 def test_quoted_keys_get_their_line(clean_env: Path, document: str, line: int) -> None:
     """Found by the property above: keys spelled with quotes or escapes lose their line.
 
-    ``_key_path`` in core/settings.py strips every quote character from both ends of a key part
+    ``_key_path`` in core/hwlaunch/planning/settings.py strips every quote character from both ends of a key part
     (``.strip("\"'")``, so the key ``"'"`` reads as the empty key) and never decodes escapes,
     and ``_KEY_PART`` ends a basic-string key at an escaped quote; ``_HEADER`` refuses a header
     whose quoted key holds a bracket. The error then names the file without a line, or (the

@@ -16,9 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import plugin_sites
 import pytest
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "vendor-plugin"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vendor-plugin"
 DISTRIBUTION, VERSION = "hwlaunch-acme-npu", "0.1.0"
 BUILTINS = ("cpu", "cuda", "hpu", "xpu")
 BROKEN_REASON = "ImportError: libacme.so.1: cannot open shared object file"
@@ -26,26 +27,8 @@ BLOCK, ALLOW, STRICT = "HWLAUNCH_DISABLE_PLUGINS", "HWLAUNCH_PLUGINS", "HWLAUNCH
 
 
 def install(source: Path, root: Path, name: str) -> Path:
-    """Copy ``source`` under ``root`` and pip-install the copy into ``root/<name>-site``."""
-    copy = shutil.copytree(
-        source,
-        root / name,
-        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__", ".pytest_cache"),
-    )
-    site = root / f"{name}-site"
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
-            *("--no-deps", "--no-build-isolation", "--no-index", "--target", str(site)),
-            str(copy),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    if done.returncode != 0:
-        pytest.fail(f"pip install of {copy} failed:\n{done.stdout}\n{done.stderr}")
-    return site
+    """pip-install (a copy of) ``source`` into ``root/<name>-site``."""
+    return plugin_sites.install([source], root / f"{name}-site")
 
 
 @pytest.fixture(scope="session")
@@ -277,7 +260,7 @@ def test_the_example_passes_its_conformance_suite(acme_site: Path, root: Path) -
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "tests"],
         env=environment(acme_site),
-        cwd=root / "acme",
+        cwd=root / "acme-site-src" / EXAMPLE.name,  # the copy that was installed
         capture_output=True,
         text=True,
         timeout=300,

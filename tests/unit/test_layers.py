@@ -1,5 +1,5 @@
 """The layering the design promises, checked on the code itself: worker-side code loads no
-planning or CLI module, and no function in core/ or plugins/ is longer than 60 lines."""
+planning or CLI module, and no function in core/hwlaunch/ or plugins/ is longer than 60 lines."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 import hwlaunch
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MAX_FUNCTION_LINES = 60
 
 WORKER_SIDE = """
@@ -48,7 +48,9 @@ def test_a_pickled_plan_loads_no_planning_in_the_worker() -> None:
 
 def long_functions() -> list[str]:
     found = []
-    for path in sorted([*ROOT.glob("core/**/*.py"), *ROOT.glob("plugins/**/*.py")]):
+    package = ROOT / "core" / "hwlaunch"
+    core = [p for p in package.rglob("*.py") if not p.is_relative_to(package / "plugins")]
+    for path in sorted([*core, *ROOT.glob("plugins/**/*.py")]):
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

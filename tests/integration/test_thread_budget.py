@@ -1,7 +1,7 @@
 """The CPU thread budget as the plan decides it: each worker's share of the usable CPUs, who
 wins over it (a cpu_threads setting, then OMP_NUM_THREADS as the user set it), and where it is
 not applied. Pure: resolve() with assumed facts, no process started (the workers' side is in
-tests/test_worker_env.py).
+tests/integration/test_worker_env.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pytest
 import hwlaunch
 from hwlaunch import Executor, RpcTimeoutError, Worker, WorkerError, WorkerStartupError
 
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.usefixtures("clean_env")]
 

@@ -43,7 +43,7 @@ from hwlaunch import (
 )
 
 METHODS = ["fork", "spawn", "forkserver"]
-SCRIPTS = Path(__file__).parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 PYTHON_BOOTSTRAP_ERROR = "An attempt has been made to start a new process before"
 ENV_KEYS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

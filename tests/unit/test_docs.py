@@ -23,7 +23,7 @@ import pytest
 import hwlaunch
 from hwlaunch.planning.settings import BACKEND_TABLE_KEYS, SETTINGS, TOP_LEVEL_KEYS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md")), ROOT / "examples" / "vendor-plugin" / "README.md"]
