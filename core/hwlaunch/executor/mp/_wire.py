@@ -118,13 +118,18 @@ def _tensor_from(data: memoryview, dtype: Any, shape: tuple[int, ...], grad: boo
 
 
 def _memoryview_from(data: memoryview, fmt: str, shape: tuple[int, ...], readonly: bool) -> Any:
-    view = memoryview(bytearray(data)).cast(fmt, shape) if shape else _scalar_view(data, fmt)
+    flat = memoryview(bytearray(data)).cast(fmt)
+    if not shape:  # 0-d: ``cast`` makes none; a slice of one element, cast to no dimension
+        view = flat[0:1].cast("B").cast(fmt, [])
+    elif len(shape) == 1:
+        view = flat
+    elif 0 not in shape:
+        view = flat.cast("B").cast(fmt, shape)
+    else:  # empty in more than one dimension: no cast makes that shape, numpy's view does
+        import numpy
+
+        view = memoryview(numpy.empty(shape, dtype=fmt))
     return view.toreadonly() if readonly else view
-
-
-def _scalar_view(data: memoryview, fmt: str) -> memoryview:
-    """A 0-d view (``cast`` makes none): the buffer's own 0-d memoryview of one element."""
-    return memoryview(bytearray(data)).cast(fmt)[0:1].cast("B").cast(fmt, [])
 
 
 def _reduce_tensor(tensor: Any, torch: Any) -> tuple[Any, ...] | None:
@@ -151,8 +156,8 @@ def _reduce_tensor(tensor: Any, torch: Any) -> tuple[Any, ...] | None:
 def _reduce_memoryview(view: memoryview) -> tuple[Any, ...] | None:
     if view.format not in _CASTABLE:
         return None  # pickle's own error: a memoryview cannot be pickled
-    flat = view if view.c_contiguous else memoryview(view.tobytes())
-    return _memoryview_from, (flat.cast("B"), view.format, view.shape, view.readonly)
+    flat = view.cast("B") if view.c_contiguous and view.nbytes else memoryview(view.tobytes())
+    return _memoryview_from, (flat, view.format, view.shape, view.readonly)
 
 
 class _Encoder:
