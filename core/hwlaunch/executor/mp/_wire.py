@@ -118,7 +118,9 @@ def _tensor_from(data: memoryview, dtype: Any, shape: tuple[int, ...], grad: boo
 
 
 def _memoryview_from(data: memoryview, fmt: str, shape: tuple[int, ...], readonly: bool) -> Any:
-    flat = memoryview(bytearray(data)).cast(fmt)
+    whole: Any = memoryview(bytearray(data))  # Any: the format is known at run time only
+    flat = whole.cast(fmt)
+    view: Any
     if not shape:  # 0-d: ``cast`` makes none; a slice of one element, cast to no dimension
         view = flat[0:1].cast("B").cast(fmt, [])
     elif len(shape) == 1:
@@ -128,7 +130,8 @@ def _memoryview_from(data: memoryview, fmt: str, shape: tuple[int, ...], readonl
     else:  # empty in more than one dimension: no cast makes that shape, numpy's view does
         import numpy
 
-        view = memoryview(numpy.empty(shape, dtype=fmt))
+        empty: Any = numpy.empty(shape, dtype=fmt)
+        view = memoryview(empty)
     return view.toreadonly() if readonly else view
 
 
@@ -208,7 +211,7 @@ class _ByValue(_Encoder, cloudpickle.Pickler):  # type: ignore[misc]
 
 
 def _dump(pickler_class: type[_Plain] | type[_ByValue], obj: Any) -> Frame:
-    frame, ours = Frame(), {}
+    frame, ours = Frame(), dict[int, pickle.PickleBuffer]()
 
     def out_of_band(buffer: pickle.PickleBuffer) -> bool:
         """Every buffer travels out of band, copied from where it lies when the frame is
@@ -218,7 +221,7 @@ def _dump(pickler_class: type[_Plain] | type[_ByValue], obj: Any) -> Frame:
         return False
 
     pickler = pickler_class(frame, protocol=5, buffer_callback=out_of_band)
-    pickler.frame, pickler.ours = frame, ours
+    pickler.ours = ours
     pickler.dump(obj)
     frame.size = frame._layout()
     return frame

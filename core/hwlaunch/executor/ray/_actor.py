@@ -74,7 +74,8 @@ class RankActor:
     def call(self, payload: bytes, keep_value: bool = True) -> bytes:
         """One RPC: ``(ok, result or Failure)``, pickled here so an unpicklable result is a
         WorkerError, as under the mp executor."""
-        return answer(self.worker, payload, keep_value=keep_value)
+        reply: bytes = answer(self.worker, payload, keep_value=keep_value)
+        return reply
 
     def stop(self) -> None:
         if self.worker is not None:
