@@ -18,6 +18,7 @@ __all__ = ["CALL", "NO_CALLABLE", "REQUEST", "SHUTDOWN", "parse_request", "reque
 
 # kind, rpc id, the rank whose result travels back (-1: all), callable digest, pickled length
 REQUEST = struct.Struct("<cQq16sI")
+_PADDED = struct.Struct(f"<cQq16sI{align(REQUEST.size) - REQUEST.size}x")  # one cache line
 CALL = b"c"
 SHUTDOWN = b"s"
 NO_CALLABLE = bytes(16)  # the digest field of a call by method name (or an uncached callable)
@@ -31,10 +32,11 @@ def request_head(
     pickled: bytes = b"",
 ) -> bytes:
     """The header, with ``pickled`` (the callable, the first time) after it, padded."""
-    fixed = REQUEST.pack(
-        kind, rpc_id, -1 if reply_rank is None else reply_rank, digest, len(pickled)
-    )
-    size = len(fixed) + len(pickled)
+    rank = -1 if reply_rank is None else reply_rank
+    if not pickled:  # the usual call: one struct call
+        return _PADDED.pack(kind, rpc_id, rank, digest, 0)
+    size = REQUEST.size + len(pickled)
+    fixed = REQUEST.pack(kind, rpc_id, rank, digest, len(pickled))
     return b"".join((fixed, pickled, bytes(align(size) - size)))
 
 

@@ -26,8 +26,8 @@ A message larger than a chunk (or a reply larger than a slot) goes into a *spill
 one more anonymous memory file per direction (the parent's requests; each rank's replies),
 grown to the largest message it carried and kept mapped, so a large payload is copied once
 into shared memory, never through a pipe. Its length in the ring or slot carries ``SPILLED``.
-A reader decodes a message where it lies and marks it consumed once decoded; the writer spills
-again only once every reader has taken the message before.
+A reader decodes a message where it lies and marks it consumed with its answer; the writer
+spills again only once every reader has taken the message before.
 
 Waiting (``hwlaunch.executor.mp._shm_wait``): a party polls while the CPUs have room, then
 blocks on a wake pipe. Writer and readers never wait forever on each other: the parent's waits
@@ -115,14 +115,15 @@ def _anonymous_file(size: int, name: str) -> int:
 
 
 def _size(message: Message) -> int:
-    return message.size if isinstance(message, Frame) else len(message)
+    return message.size if type(message) is Frame else len(message)
 
 
 def _put(memory: Any, at: int, head: bytes, message: Message) -> None:
     """``head``, then the message, at ``memory[at:]``."""
     start = at + len(head)
-    memory[at:start] = head
-    if isinstance(message, Frame):
+    if head:
+        memory[at:start] = head
+    if type(message) is Frame:
         message.write_into(memory, start)
     else:
         memory[start : start + len(message)] = message
@@ -159,19 +160,15 @@ class Spill:
 
 class Received:
     """One message as a view of shared memory (or of the bytes a pipe gave), valid until
-    ``release()``, which also tells the writer the reader took it."""
+    ``release()``. The reader's next ``send`` (its answer) tells the writer it took it."""
 
-    __slots__ = ("_done", "view")
+    __slots__ = ("view",)
 
-    def __init__(self, view: memoryview, done: Callable[[], None] | None = None) -> None:
+    def __init__(self, view: memoryview) -> None:
         self.view = view
-        self._done = done
 
     def release(self) -> None:
         self.view.release()
-        if self._done is not None:
-            self._done()
-            self._done = None
 
     def __enter__(self) -> Received:
         return self
@@ -290,8 +287,11 @@ class ShmChannel:
 
     def _wait_free(self, n: int, alive: Callable[[], None], deadline: float | None) -> None:
         """Return once every reader took the message before ``n`` in its chunk."""
-        chunks = self.geometry.chunks
-        self._wait(lambda at: (n - self.mm[at]) & 0xFF > chunks, alive, deadline)
+        mm, chunks = self.mm, self.geometry.chunks
+        for at in self._consumed:  # the usual case, looked at without a helper
+            if (n - mm[at]) & 0xFF > chunks:
+                self._wait(lambda at: (n - mm[at]) & 0xFF > chunks, alive, deadline)
+                return
 
     def _wait_taken(self, n: int, alive: Callable[[], None], deadline: float | None) -> None:
         """Return once every reader took message ``n`` (and so every one before it)."""
@@ -459,7 +459,8 @@ class ShmEndpoint:
         return self._mm
 
     def recv(self) -> Received:
-        """The next message (blocking), a view until released (then the writer may reuse it)."""
+        """The next message (blocking), a view until released; answering it (``send``) lets
+        the writer reuse its memory."""
         mm = self._mm or self._map()
         n = self._taken + 1
         seq, at = n & 0xFF, self._chunk_at[n % self._chunks]
@@ -475,16 +476,18 @@ class ShmEndpoint:
         else:
             memory, start = mm, at + LINE
         with memoryview(memory) as whole:
-            view = whole[start : start + length]
-
-        def consumed() -> None:
-            mm[self._line + 1] = seq  # the writer may reuse the chunk (and the spill file)
-
-        return Received(view, consumed)
+            return Received(whole[start : start + length])
 
     def recv_bytes(self) -> bytes:
         with self.recv() as message:
-            return bytes(message.view)
+            data = bytes(message.view)
+        self._mark_taken()
+        return data
+
+    def _mark_taken(self) -> None:
+        """The writer may reuse the last message's chunk (and the spill file)."""
+        assert self._mm is not None
+        self._mm[self._line + 1] = self._taken & 0xFF
 
     def _wait(self, at: int, seq: int) -> None:
         mm = self._mm
@@ -501,9 +504,11 @@ class ShmEndpoint:
         sleep_until(lambda: mm[at] == seq, mm, self._line, block, None)
 
     def send(self, data: Message) -> None:
-        """Answer the last message taken (the parent reads each answer before it sends again,
-        so the slot, and the reply spill file, are free)."""
+        """Answer the last message taken, once its views are released (the parent reads each
+        answer before it sends again, so the slot and the reply spill file are free). The
+        message counts as taken from here: the parent sees that before the answer."""
         mm = self._mm or self._map()
+        mm[self._line + 1] = self._taken & 0xFF
         at, size = self._slot, _size(data)
         if size <= self._slot_bytes:
             _put(mm, at + LINE, b"", data)

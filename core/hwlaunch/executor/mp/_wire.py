@@ -250,14 +250,17 @@ def _simple(obj: Any, depth: int) -> bool:
         return len(obj) < _SMALL
     if depth == 0:
         return False
+    # Loops, atoms first, no generators: this runs on every call and reply.
     if cls is tuple or cls is list:
-        for item in obj:  # noqa: SIM110 (a loop: generators cost a microsecond per call here)
-            if not _simple(item, depth - 1):
+        for item in obj:  # noqa: SIM110
+            if type(item) not in _ATOMS and not _simple(item, depth - 1):
                 return False
         return True
     if cls is dict:
         for key, value in obj.items():
-            if type(key) is not str or not _simple(value, depth - 1):
+            if type(key) is not str or (
+                type(value) not in _ATOMS and not _simple(value, depth - 1)
+            ):
                 return False
         return True
     return False
