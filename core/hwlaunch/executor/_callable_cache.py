@@ -5,8 +5,10 @@ Why: engines send the same lambda or closure on every step, and cloudpickling a 
 tens of microseconds, several times a no-op call. Reusing a pickled form is only correct while
 pickling again would give the same bytes, so the key is made of what the pickle holds:
 
-- the code object (compared by content, and its file name: a function defined anew each time,
-  a lambda in a loop, has an equal one), name, qualified name, module and ``__doc__``;
+- the code object (by identity, kept alive by the cache entry so that its identity is not
+  reused: a function defined anew each time, a lambda in a loop, shares its code object; a
+  function redefined in a notebook has a new one), name, qualified name, module and
+  ``__doc__``;
 - the contents of the closure cells, the defaults and keyword defaults, the function's
   ``__dict__`` and ``__annotations__``;
 - the values of the globals its code (and the code nested in it) names.
@@ -33,7 +35,6 @@ import threading
 import types
 from collections import OrderedDict
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any
 
 __all__ = ["CAPACITY", "CachedPickle", "pickled_once"]
@@ -56,17 +57,27 @@ class _Uncacheable(Exception):
 
 
 _lock = threading.Lock()
-_cache: OrderedDict[tuple[Any, ...], CachedPickle] = OrderedDict()
+# key -> (the code objects the key names by id, the form)
+_cache: OrderedDict[tuple[Any, ...], tuple[list[Any], CachedPickle]] = OrderedDict()
 
 
-@lru_cache(maxsize=1024)
+_names: dict[int, tuple[types.CodeType, tuple[str, ...]]] = {}  # by id(code): no code hashing
+
+
 def _global_names(code: types.CodeType) -> tuple[str, ...]:
     """Every name the code (and code nested in it) may look up: a superset of its globals."""
+    known = _names.get(id(code))
+    if known is not None and known[0] is code:
+        return known[1]
     names = set(code.co_names)
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             names.update(_global_names(const))
-    return tuple(sorted(names))
+    found = tuple(sorted(names))
+    if len(_names) > 4 * CAPACITY:
+        _names.clear()
+    _names[id(code)] = (code, found)
+    return found
 
 
 def _by_reference(obj: Any) -> bool:
@@ -81,7 +92,7 @@ def _by_reference(obj: Any) -> bool:
     return target is obj
 
 
-def _value_key(value: Any, depth: int, seen: set[int]) -> Any:
+def _value_key(value: Any, depth: int, seen: dict[int, Any]) -> Any:
     cls = type(value)
     if cls in _ATOMS:
         return (cls, value)
@@ -97,19 +108,21 @@ def _value_key(value: Any, depth: int, seen: set[int]) -> Any:
     raise _Uncacheable
 
 
-def _mapping_key(mapping: dict[str, Any] | None, depth: int, seen: set[int]) -> Any:
+def _mapping_key(mapping: dict[str, Any] | None, depth: int, seen: dict[int, Any]) -> Any:
     if not mapping:
         return None
     return tuple((name, _value_key(v, depth, seen)) for name, v in sorted(mapping.items()))
 
 
-def _function_key(fn: types.FunctionType, depth: int, seen: set[int]) -> tuple[Any, ...]:
+def _function_key(fn: types.FunctionType, depth: int, seen: dict[int, Any]) -> tuple[Any, ...]:
+    """``seen``: the functions met so far (by id), and their code objects: the key names code
+    by ``id``, and the cache entry keeps them, so that no id is reused while the key lives."""
     if depth > _DEPTH:
         raise _Uncacheable
-    if id(fn) in seen:  # a function that names itself (recursion)
-        return ("self", fn.__code__)
-    seen.add(id(fn))
     code = fn.__code__
+    if id(fn) in seen:  # a function that names itself (recursion)
+        return ("self", id(code))
+    seen[id(fn)] = code
     cells = []
     for cell in fn.__closure__ or ():
         try:
@@ -119,8 +132,7 @@ def _function_key(fn: types.FunctionType, depth: int, seen: set[int]) -> tuple[A
     names = fn.__globals__
     used = {name: names[name] for name in _global_names(code) if name in names}
     return (
-        code,
-        code.co_filename,
+        id(code),
         fn.__name__,
         fn.__qualname__,
         fn.__module__,
@@ -134,31 +146,34 @@ def _function_key(fn: types.FunctionType, depth: int, seen: set[int]) -> tuple[A
     )
 
 
-def callable_key(fn: Callable[..., Any]) -> tuple[Any, ...] | None:
-    """The key of a function's pickled form; None where it cannot be cached (see the module
-    docstring: not a plain function, or a value in it that may change in place)."""
+def callable_key(fn: Callable[..., Any]) -> tuple[tuple[Any, ...], list[Any]] | None:
+    """The key of a function's pickled form, and the code objects it names by id; None where
+    it cannot be cached (see the module docstring: not a plain function, or a value in it that
+    may change in place)."""
     if type(fn) is not types.FunctionType:
         return None
+    seen: dict[int, Any] = {}
     try:
-        return _function_key(fn, 0, set())
+        return _function_key(fn, 0, seen), list(seen.values())
     except (_Uncacheable, TypeError):  # TypeError: an unhashable value inside a tuple
         return None
 
 
 def pickled_once(fn: Callable[..., Any], pickle: Callable[[Any], bytes]) -> bytes:
     """``pickle(fn)``, or the form pickled earlier under the same key (a CachedPickle)."""
-    key = callable_key(fn)
-    if key is None:
+    keyed = callable_key(fn)
+    if keyed is None:
         return pickle(fn)
+    key, codes = keyed
     with _lock:
-        form = _cache.get(key)
-        if form is not None:
+        hit = _cache.get(key)
+        if hit is not None:
             _cache.move_to_end(key)
-            return form
+            return hit[1]
     form = CachedPickle(pickle(fn))
     form.digest = hashlib.blake2b(form, digest_size=16).digest()
     with _lock:
-        _cache[key] = form  # the key holds the objects it names: no identity is reused
+        _cache[key] = (codes, form)  # the entry keeps the code objects its key names by id
         while len(_cache) > CAPACITY:
             _cache.popitem(last=False)
     return form

@@ -115,7 +115,7 @@ def _anonymous_file(size: int, name: str) -> int:
 
 
 def _size(message: Message) -> int:
-    return message.size if type(message) is Frame else len(message)
+    return message.size if isinstance(message, Frame) else len(message)
 
 
 def _put(memory: Any, at: int, head: bytes, message: Message) -> None:
@@ -123,7 +123,7 @@ def _put(memory: Any, at: int, head: bytes, message: Message) -> None:
     start = at + len(head)
     if head:
         memory[at:start] = head
-    if type(message) is Frame:
+    if isinstance(message, Frame):
         message.write_into(memory, start)
     else:
         memory[start : start + len(message)] = message
