@@ -14,7 +14,7 @@ not unpickle is tried again on the next call that names it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import cloudpickle
 
@@ -23,14 +23,11 @@ from hwlaunch.executor._runtime import Request, adopt_main_objects
 from hwlaunch.executor.mp._messages import NO_CALLABLE, SHUTDOWN, parse_request
 from hwlaunch.executor.mp._wire import decode
 
-if TYPE_CHECKING:
-    from hwlaunch.executor.mp._shm_channel import Received
-
 __all__ = ["KEPT", "CallReader", "KeptCallables", "SentCallables"]
 
 
 class Endpoint(Protocol):
-    def recv(self) -> Received: ...
+    def recv(self) -> memoryview: ...
 
 
 KEPT = 64
@@ -65,12 +62,12 @@ class KeptCallables:
     def __init__(self) -> None:
         self._kept: OrderedDict[bytes, list[Any]] = OrderedDict()  # [form, function or None]
 
-    def note(self, digest: bytes, pickled: memoryview) -> list[Any] | None:
+    def note(self, digest: bytes, pickled: memoryview | None) -> list[Any] | None:
         """Record a request's callable (in step with the parent's list); its entry, None for
         a call by name. KeyError: a digest this worker never received (a broken invariant)."""
         if digest == NO_CALLABLE:
             return None
-        if pickled.nbytes:
+        if pickled is not None:
             entry = [bytes(pickled), None]
             self._kept[digest] = entry
             if len(self._kept) > KEPT:
@@ -100,22 +97,22 @@ class CallReader:
         """``(kind, rpc_id, reply_rank, call)`` of the next request (blocking); ``call`` goes
         to :meth:`take`. EOFError or OSError when the parent is gone."""
         message = channel.recv()
-        kind, rpc_id, reply_rank, digest, pickled, body = parse_request(message.view)
+        kind, rpc_id, reply_rank, digest, pickled, body = parse_request(message)
         if kind == SHUTDOWN:
-            pickled.release()
             body.release()
             message.release()
             return kind, rpc_id, reply_rank, None
         return kind, rpc_id, reply_rank, (message, digest, pickled, body)
 
-    def take(self, call: tuple[Received, bytes, memoryview, memoryview]) -> Request:
+    def take(self, call: tuple[memoryview, bytes, memoryview | None, memoryview]) -> Request:
         """The call ``(method or function, args, kwargs)``; raises what decoding raised."""
         message, digest, pickled, body = call
         try:
             entry = self.kept.note(digest, pickled)
             method, args, kwargs = decode(body)
         finally:
-            pickled.release()
+            if pickled is not None:
+                pickled.release()
             body.release()
             message.release()
         return (method if entry is None else self.kept.function(entry), args, kwargs)

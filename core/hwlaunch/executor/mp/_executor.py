@@ -248,9 +248,10 @@ class MultiprocExecutor(Executor):
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         group = self._group
-        method, args, kwargs = request
-        # A cached callable travels apart, in the request's header (by digest once held).
-        payload = encode((None if type(method) is CachedPickle else method, args, kwargs))
+        method = request[0]
+        # A cached callable travels apart, in the header (by digest once the workers hold it).
+        cached = type(method) is CachedPickle
+        payload = encode((None, *request[1:]) if cached else request)
         if group.state.closed:
             group.await_cleanup()
         with group.lock:

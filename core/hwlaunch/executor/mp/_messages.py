@@ -42,16 +42,13 @@ def request_head(
 
 def parse_request(
     message: memoryview,
-) -> tuple[bytes, int, int | None, bytes, memoryview, memoryview]:
+) -> tuple[bytes, int, int | None, bytes, memoryview | None, memoryview]:
     """``(kind, rpc_id, reply_rank, digest, pickled, call)``; the last two are views of the
-    message, not copies (``pickled`` is empty unless the callable travels whole)."""
+    message, not copies (``pickled`` is None unless the callable travels whole)."""
     kind, rpc_id, reply_rank, digest, length = REQUEST.unpack_from(message)
+    rank = None if reply_rank < 0 else reply_rank
+    if not length:
+        return kind, rpc_id, rank, digest, None, message[_PADDED.size :]
     start = REQUEST.size
-    return (
-        kind,
-        rpc_id,
-        None if reply_rank < 0 else reply_rank,
-        digest,
-        message[start : start + length],
-        message[align(start + length) :],
-    )
+    pickled = message[start : start + length]
+    return kind, rpc_id, rank, digest, pickled, message[align(start + length) :]

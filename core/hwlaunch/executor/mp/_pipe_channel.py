@@ -21,7 +21,6 @@ from hwlaunch.executor.mp._callables import SentCallables
 from hwlaunch.executor.mp._shm_channel import (
     ChannelLost,
     Message,
-    Received,
     ShmChannel,
     ShmEndpoint,
     T,
@@ -99,9 +98,9 @@ class PipeEndpoint:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    def recv(self) -> Received:
+    def recv(self) -> memoryview:
         """The next message. EOFError when the parent is gone."""
-        return Received(memoryview(self.conn.recv_bytes()))
+        return memoryview(self.conn.recv_bytes())
 
     def send(self, data: Message) -> None:
         self.conn.send_bytes(_whole(b"", data))

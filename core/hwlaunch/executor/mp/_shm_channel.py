@@ -54,7 +54,7 @@ from hwlaunch.executor.mp._callables import SentCallables
 from hwlaunch.executor.mp._shm_wait import Spinner, drain, fence, sleep_until, wake, wake_pipe
 from hwlaunch.executor.mp._wire import Frame
 
-__all__ = ["CHUNK_BYTES", "ChannelLost", "Received", "ShmChannel", "ShmEndpoint", "Spinner"]
+__all__ = ["CHUNK_BYTES", "ChannelLost", "ShmChannel", "ShmEndpoint", "Spinner"]
 
 T = TypeVar("T")
 _now = time.monotonic
@@ -156,25 +156,6 @@ class Spill:
             with contextlib.suppress(BufferError):  # a view still out: the mapping goes with it
                 self.mm.close()
             self.mm = None
-
-
-class Received:
-    """One message as a view of shared memory (or of the bytes a pipe gave), valid until
-    ``release()``. The reader's next ``send`` (its answer) tells the writer it took it."""
-
-    __slots__ = ("view",)
-
-    def __init__(self, view: memoryview) -> None:
-        self.view = view
-
-    def release(self) -> None:
-        self.view.release()
-
-    def __enter__(self) -> Received:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 class Geometry:
@@ -416,7 +397,7 @@ class ShmChannel:
 class ShmEndpoint:
     """A reader: takes each broadcast message in turn and answers into its own slot.
 
-    ``recv()`` gives a message where it lies (``Received``), ``send()`` writes a reply; the
+    ``recv()`` gives a message where it lies (a memoryview), ``send()`` writes a reply; the
     pipe channel's endpoint offers the same, so the worker's loop is the same for both.
     ``recv_bytes``/``send_bytes`` move whole byte strings, as a pipe's ends do.
     """
@@ -458,7 +439,7 @@ class ShmEndpoint:
             self._spinner = Spinner(self.spin)
         return self._mm
 
-    def recv(self) -> Received:
+    def recv(self) -> memoryview:
         """The next message (blocking), a view until released; answering it (``send``) lets
         the writer reuse its memory."""
         mm = self._mm or self._map()
@@ -476,11 +457,11 @@ class ShmEndpoint:
         else:
             memory, start = mm, at + LINE
         with memoryview(memory) as whole:
-            return Received(whole[start : start + length])
+            return whole[start : start + length]
 
     def recv_bytes(self) -> bytes:
         with self.recv() as message:
-            data = bytes(message.view)
+            data = bytes(message)
         self._mark_taken()
         return data
 
