@@ -157,12 +157,30 @@ def _reduce_tensor(tensor: Any, torch: Any) -> tuple[Any, ...] | None:
         or (tensor.requires_grad and not tensor.is_leaf)
     ):
         return None
-    flat = tensor.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)
     try:
-        raw = flat.view(torch.uint8).numpy()  # views the tensor's memory, keeps it alive
-    except (RuntimeError, TypeError):  # no numpy
+        raw = _bytes_of(tensor.detach().resolve_conj().resolve_neg(), torch)
+    except (RuntimeError, TypeError, ImportError):  # no numpy
         return None
     return _tensor_from, (raw, tensor.dtype, tuple(tensor.shape), tensor.requires_grad)
+
+
+def _bytes_of(tensor: Any, torch: Any) -> Any:
+    """The tensor's elements as a flat uint8 numpy array, in order: a view of its memory when
+    it is contiguous, else one copy made by numpy. Not torch's ``contiguous()``: a large copy
+    there is a parallel operation, which starts torch's OpenMP pool in the caller's process,
+    and a process with that pool can no longer fork workers safely."""
+    if tensor.is_contiguous():
+        return tensor.reshape(-1).view(torch.uint8).numpy()  # keeps the tensor alive
+    import numpy
+
+    same_size = _SAME_SIZE_INTS.get(tensor.element_size())
+    if same_size is None:  # 16-byte elements (complex128): no numpy integer of that size
+        return tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
+    ints = tensor.view(getattr(torch, same_size)).numpy()  # the same strides, as integers
+    return numpy.ascontiguousarray(ints).reshape(-1).view(numpy.uint8)
+
+
+_SAME_SIZE_INTS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
 
 
 def _reduce_memoryview(view: memoryview) -> tuple[Any, ...] | None:
