@@ -19,7 +19,7 @@ import sys
 
 from hwlaunch.errors import PluginError
 
-CONTRACT_VERSION = "1.0"
+CONTRACT_VERSION = "1.1"  # 1.1 added BackendSpec.shutdown_timeout
 _VERSION = re.compile(r"^(\d+)\.(\d+)$")
 
 # BackendSpec field -> what to use instead (and when it goes). A spec that sets such a field to

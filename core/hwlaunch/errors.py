@@ -137,22 +137,39 @@ class ExecutorClosedError(HwlaunchError):
 class RpcTimeoutError(HwlaunchError):
     """Some ranks did not answer a collective RPC within its timeout.
 
+    ``stacks`` holds, for each rank that did not answer, its Python stack (every thread) as
+    it was when the timeout struck, so the error says where each one was stuck.
     ``restarted``: with ``max_restarts``, the executor has replaced the hung group since.
     """
 
     restarted = False
 
-    def __init__(self, method: str, ranks: list[int], timeout: float) -> None:
+    def __init__(
+        self,
+        method: str,
+        ranks: list[int],
+        timeout: float,
+        stacks: dict[int, str] | None = None,
+    ) -> None:
         self.method = method
         self.ranks = ranks
         self.timeout = timeout
-        super().__init__(
+        self.stacks = dict(stacks or {})
+        text = (
             f"collective_rpc {method!r} timed out after {timeout:g}s; "
             f"ranks that did not answer: {ranks}"
         )
+        super().__init__(text + format_stacks(self.stacks))
 
     def __reduce__(self) -> tuple[object, ...]:
-        return (type(self), (self.method, self.ranks, self.timeout))
+        return (type(self), (self.method, self.ranks, self.timeout, self.stacks))
+
+
+def format_stacks(stacks: dict[int, str]) -> str:
+    """The ranks' stacks as message text, one titled block per rank (empty without any)."""
+    return "".join(
+        f"\n--- stack of rank {rank} ---\n{text.rstrip()}" for rank, text in sorted(stacks.items())
+    )
 
 
 class WorkerStartupError(HwlaunchError):

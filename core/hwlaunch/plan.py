@@ -15,6 +15,8 @@ from hwlaunch.channels import DEFAULT_RPC_CHANNEL
 from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import StartMethod
 
+SIGKILL_AFTER = 2.0  # seconds from SIGTERM to SIGKILL, once a worker's shutdown grace is over
+
 # An executor is named by its registered ExecutorSpec (built-in or a plugin's): any string the
 # registry knows, checked when a plan is resolved.
 ExecutorName = str
@@ -70,6 +72,11 @@ class Plan:
     # A launcher started the ranks (the executor declares needs_launcher): each worker takes its
     # rank, rendezvous and device from the launcher's variables.
     ranks_from_launcher: bool = False
+    # Operating the workers (docs/operations.md): the stall watchdog's first warning (0: off),
+    # the grace the workers' own shutdown() has before SIGTERM, the signals forwarded to them.
+    rpc_warn_after: float = 60.0
+    shutdown_timeout: float = 5.0
+    forward_signals: tuple[str, ...] = ()
 
     def decision(self, setting: str) -> Decision:
         for decision in self.decisions:

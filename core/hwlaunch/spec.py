@@ -109,6 +109,9 @@ class BackendSpec:
     ``ray_noset_visibility_var`` is the variable that stops Ray from rewriting the visibility
     variable in its actors (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``), so that the
     binding above is the one that holds. ``contract`` is the plugin contract the spec needs.
+    ``shutdown_timeout`` (contract 1.1) is the seconds the workers' own ``shutdown()`` gets
+    before SIGTERM, for hardware whose teardown takes longer than the default 5 s; the
+    ``shutdown_timeout`` setting wins over it.
     """
 
     name: str
@@ -127,6 +130,7 @@ class BackendSpec:
     propagate_env: tuple[str, ...] = ()
     ray_noset_visibility_var: str | None = None
     contract: str = contract.CONTRACT_VERSION
+    shutdown_timeout: float | None = None  # contract 1.1
 
     def __post_init__(self) -> None:
         contract.require(self.contract, f"BackendSpec {self.name!r}")
@@ -201,6 +205,11 @@ class BackendSpec:
         var = self.ray_noset_visibility_var
         if var is not None and not is_env_name(var):
             raise _fail("ray_noset_visibility_var", f"{var!r} must be an environment variable name")
+        grace: Any = self.shutdown_timeout
+        if grace is not None and (
+            isinstance(grace, bool) or not isinstance(grace, int | float) or not 0 < grace < 1e9
+        ):
+            raise _fail("shutdown_timeout", f"{grace!r} must be seconds > 0, or None")
 
     def _warn_deprecated(self) -> None:
         declared = {f.name: f for f in fields(self)}

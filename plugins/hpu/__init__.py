@@ -53,5 +53,8 @@ def hwlaunch_register_backends(register: Register) -> None:
             device_binding="per_worker",
             ray_noset_visibility_var="RAY_EXPERIMENTAL_NOSET_HABANA_VISIBLE_MODULES",
             ray_resource="HPU",
+            # Gaudi's teardown (releasing the device, HCCL's communicators) takes longer than
+            # the default 5 s: a worker SIGKILLed mid-teardown can leave the device held.
+            shutdown_timeout=30.0,
         )
     )

@@ -23,6 +23,7 @@ from plugin_sites import PLUGIN_DISTS as DISTS
 from plugin_sites import distributions, hwlaunch_cli, install
 
 from hwlaunch import _discovery as discovery_module
+from hwlaunch.contract import CONTRACT_VERSION
 from hwlaunch.errors import BackendUnavailableError, PluginError
 from hwlaunch.planning.registry import PluginRecord, default_registry, load_registry
 
@@ -243,7 +244,7 @@ def test_verbose_lists_each_plugin_module_distribution_version_hooks(
         "hooks": ["hwlaunch_register_backends"],
         "backends": ["goodnpu"],
         "executors": [],
-        "contract": "1.0",
+        "contract": CONTRACT_VERSION,  # its spec declares none: the installed one
         "warnings": [],
         "error": None,
     }

@@ -81,13 +81,13 @@ def plan_for(s: BackendSpec, facts: RuntimeFacts, overrides: Overrides | None = 
 
 
 def test_contract_version_is_exported_lazily() -> None:
-    assert hwlaunch.CONTRACT_VERSION == contract.CONTRACT_VERSION == "1.0"
+    assert hwlaunch.CONTRACT_VERSION == contract.CONTRACT_VERSION == "1.1"
     code = "import sys, hwlaunch; hwlaunch.CONTRACT_VERSION; print(sorted(m for m in ('torch', 'pluggy', 'hwlaunch.planning.policy') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
 
 
-@pytest.mark.parametrize("declared", ["1.0", "1.00", "0.9"])
+@pytest.mark.parametrize("declared", ["1.0", "1.1", "1.01", "0.9"])
 def test_older_or_equal_minor_contract_is_accepted(declared: str) -> None:
     if declared == "0.9":
         with pytest.raises(
@@ -95,7 +95,7 @@ def test_older_or_equal_minor_contract_is_accepted(declared: str) -> None:
         ):
             contract.require(declared, "plugin 'x'")
     else:
-        assert contract.require(declared, "plugin 'x'") == "1.0"
+        assert contract.require(declared, "plugin 'x'") == declared.replace("1.01", "1.1")
 
 
 def test_newer_contract_names_both_versions_and_the_fix() -> None:
@@ -103,13 +103,13 @@ def test_newer_contract_names_both_versions_and_the_fix() -> None:
         spec(contract="1.4")
     text = str(caught.value)
     assert "BackendSpec 'npu' needs plugin contract 1.4" in text
-    assert f"hwlaunch {hwlaunch.__version__} provides contract 1.0" in text
+    assert f"hwlaunch {hwlaunch.__version__} provides contract 1.1" in text
     assert "pip install --upgrade hwlaunch" in text
 
 
 @pytest.mark.parametrize("bad", ["1", "v1.0", "1.0.0", 1.0, None])
 def test_malformed_contract_is_rejected(bad: object) -> None:
-    with pytest.raises(PluginError, match=r"not a version like '1\.0'"):
+    with pytest.raises(PluginError, match=r"not a version like '1\.1'"):
         spec(contract=bad)
 
 

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
 from typing import Any, TypeVar
@@ -39,6 +39,8 @@ from hwlaunch.executor._runtime import (
     encode_method,
     method_label,
 )
+from hwlaunch.executor._signals import SignalForwarding
+from hwlaunch.executor._watchdog import Watchdog, stall_text
 from hwlaunch.executor.state import ClosedState
 from hwlaunch.plan import Plan
 from hwlaunch.spec import select_env
@@ -58,6 +60,7 @@ __all__ = [
 StatusCallback = Callable[[int, str], None]
 K = TypeVar("K", bound=Hashable)
 HEALTH_TIMEOUT = 30.0  # seconds check_health() waits for every worker's ping
+STACKS_TIMEOUT = 5.0  # seconds dump_stacks() waits for each rank's answer
 
 
 # A plan from resolve() is plain data; one built or changed by hand may hold anything.
@@ -99,6 +102,11 @@ class Executor(ABC):
             check_picklable(plan, "plan", ForkingPickler.dumps, why, _PLAN_FIX)
         self._init_distributed = init_distributed
         self._start_called = False
+        self._watchdog: Watchdog | None = None  # started by the first call (rpc_warn_after)
+        # The ranks the call in progress still waits for, kept current by an exchange that
+        # can tell (the watchdog names them); None: every rank.
+        self.waiting_on: Collection[int] | None = None
+        self._forwarding: SignalForwarding | None = None  # forward_signals' handlers
 
     def start(self) -> Executor:
         """Start every rank (``start_ranks``) and return this executor, ready for calls.
@@ -110,13 +118,34 @@ class Executor(ABC):
         if self._start_called:
             raise RuntimeError(f"{type(self).__name__}.start() was called twice")
         self._start_called = True
+        forwards = self._forwards_signals()
+        if forwards:
+            SignalForwarding.check_thread(self.plan.forward_signals)
         try:
             self.start_ranks(self._extension, self._init_distributed)
         except BaseException:
             self.state.close("the workers failed to start")
             self.stop_ranks(polite=False)
             raise
+        if forwards:
+            self._forwarding = SignalForwarding(self.plan.forward_signals, self.signal_ranks)
+            self._forwarding.install()
         return self
+
+    def _forwards_signals(self) -> bool:
+        """Whether the plan's ``forward_signals`` apply: an executor that cannot signal its
+        workers (uni, whose worker is this process) says so in ``warnings``."""
+        if not self.plan.forward_signals:
+            return False
+        if type(self).signal_ranks is Executor.signal_ranks:
+            self.warnings.append(
+                f"forward_signals {', '.join(self.plan.forward_signals)} is not used: the "
+                f"{self.plan.executor} executor does not signal its workers (uni's worker is "
+                "this process; a Ray actor's calls run off its main thread, where Python runs "
+                "signal handlers)"
+            )
+            return False
+        return True
 
     # -- what a concrete executor implements ---------------------------------------------
     @abstractmethod
@@ -219,6 +248,12 @@ class Executor(ABC):
         """One collective call under the RPC lock, its failures in the error vocabulary."""
         with self._rpc_lock:
             self.raise_if_closed()
+            watchdog = self._watchdog
+            if watchdog is None and self.plan.rpc_warn_after > 0:
+                watchdog = self._watchdog = Watchdog(self.plan.rpc_warn_after, self._stalled)
+            self.waiting_on = None
+            if watchdog is not None:
+                watchdog.begin(label)
             try:
                 results, failures = self.exchange(request, label, timeout, reply_rank)
             except BaseException as exc:
@@ -230,6 +265,9 @@ class Executor(ABC):
                     )
                     self.stop_ranks(polite=False)
                 raise
+            finally:
+                if watchdog is not None:
+                    watchdog.end()
         if failures:
             raise_first_failure(failures)
         return results
@@ -242,7 +280,54 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Stop every worker; never hangs; safe to call more than once."""
         self.state.close("shutdown() was called")
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if self._forwarding is not None:
+            self._forwarding.restore()
         self.stop_ranks()
+
+    def dump_stacks(
+        self, ranks: Iterable[int] | None = None, timeout: float = STACKS_TIMEOUT
+    ) -> dict[int, str]:
+        """Each rank's current Python stack (every thread of it), read without stopping it:
+        ``{rank: text}``, for ``ranks`` (default: all). Works during a call, from another
+        thread; a rank that does not answer within ``timeout`` seconds gets a line saying so.
+        """
+        self.raise_if_closed()
+        wanted = list(range(self.world_size)) if ranks is None else sorted(set(ranks))
+        strangers = [r for r in wanted if isinstance(r, bool) or r not in range(self.world_size)]
+        if strangers:
+            raise ValueError(
+                f"dump_stacks(ranks={strangers!r}): not ranks of this executor "
+                f"(ranks 0 to {self.world_size - 1}), or None for every rank"
+            )
+        return self.rank_stacks(wanted, timeout)
+
+    def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
+        """Extension point: the ranks' stacks (see ``dump_stacks``); within ``timeout``
+        seconds, never raising. An executor that cannot read them returns what it can ({})."""
+        del ranks, timeout
+        return {}
+
+    def signal_ranks(self, signum: int) -> None:
+        """Extension point: send ``signum`` to every worker (``forward_signals``). An executor
+        that does not implement it gets no handlers installed."""
+        del signum
+
+    def _stalled(self, label: str, waited: float, next_after: float) -> str:
+        """The watchdog's warning for the call in progress (see ``_watchdog``)."""
+        ranks = self._silent_ranks()
+        return stall_text(
+            label,
+            waited,
+            next_after,
+            ranks,
+            self.rank_stacks(ranks, STACKS_TIMEOUT),
+            _decision_source(self.plan, "rpc_warn_after"),
+        )
+
+    def _silent_ranks(self) -> list[int]:
+        return silent_ranks(self.waiting_on, self.world_size)
 
     def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
         """Have ``callback(error)`` called, from a monitor thread, when a worker dies between
@@ -286,10 +371,12 @@ class Executor(ABC):
         return first
 
     def timed_out(self, label: str, ranks: list[int], timeout: float | None) -> RpcTimeoutError:
-        """A collective that hung leaves the process group unusable: close, stop, report."""
+        """A collective that hung leaves the process group unusable: read where the silent
+        ranks are stuck, then close, stop, report."""
+        stacks = self.rank_stacks(ranks, STACKS_TIMEOUT)
         self.state.close(f"collective_rpc {label!r} timed out")
         self.stop_ranks(polite=False)
-        return RpcTimeoutError(label, ranks, timeout or 0.0)
+        return RpcTimeoutError(label, ranks, timeout or 0.0, stacks)
 
     def startup_timed_out(self, ranks: Iterable[int]) -> WorkerStartupError:
         pending = sorted(ranks)
@@ -335,6 +422,16 @@ def gather(
         for key in ready:
             if key in pending and take(key, pending[key]):
                 del pending[key]
+
+
+def silent_ranks(waiting: Collection[int] | None, world_size: int) -> list[int]:
+    """The ranks a call still waits for, read from another thread (None: every rank)."""
+    if waiting is not None:
+        try:
+            return sorted(waiting)
+        except RuntimeError:  # changed while read (a reply came): every rank, this once
+            pass
+    return list(range(world_size))
 
 
 def startup_failure(rank: int, failure: Failure) -> WorkerStartupError:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from typing import Any, Protocol
 
@@ -29,7 +29,7 @@ from hwlaunch.errors import (
     describe_exitcode,
 )
 from hwlaunch.executor._runtime import Failure, Request, method_label
-from hwlaunch.executor.base import Executor
+from hwlaunch.executor.base import Executor, silent_ranks
 from hwlaunch.plan import Plan
 
 log = logging.getLogger("hwlaunch")
@@ -65,6 +65,12 @@ class Group(Protocol):
 
     def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None: ...
 
+    waiting_on: Collection[int] | None
+
+    def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]: ...
+
+    def signal_ranks(self, signum: int) -> None: ...
+
     def stop_group(self) -> None: ...
 
     def shutdown(self) -> None: ...
@@ -75,8 +81,13 @@ SetupCall = tuple[Any, tuple[Any, ...], dict[str, Any] | None, float | None]
 
 
 def plan_for_restart(plan: Plan, count: int) -> Plan:
-    """The plan a group runs under: the same, with the restart count in its environment."""
-    return dataclasses.replace(plan, env={**plan.env, **dict.fromkeys(RESTART_VARS, str(count))})
+    """The plan a group runs under: the same, with the restart count in its environment; the
+    controller, not each group, forwards signals."""
+    return dataclasses.replace(
+        plan,
+        env={**plan.env, **dict.fromkeys(RESTART_VARS, str(count))},
+        forward_signals=(),
+    )
 
 
 def _how(died: WorkerDiedError) -> str:
@@ -305,6 +316,16 @@ class RestartingExecutor(Executor):
         for thread in self._restart_threads:
             if thread is not threading.current_thread():
                 thread.join()
+
+    def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
+        """The current group's stacks (read without the restart lock: a call may hold it)."""
+        return self._inner.rank_stacks(ranks, timeout)
+
+    def signal_ranks(self, signum: int) -> None:
+        self._inner.signal_ranks(signum)
+
+    def _silent_ranks(self) -> list[int]:
+        return silent_ranks(self._inner.waiting_on, self.world_size)
 
     @property
     def pids(self) -> list[int | None]:

@@ -11,6 +11,8 @@ thread, the executor closes (as the mp executor does after a timeout), and the w
 
 from __future__ import annotations
 
+import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -18,13 +20,14 @@ from concurrent.futures import Future, wait
 from typing import Any
 
 from hwlaunch.executor._runtime import Failure, Request, call, start_worker
+from hwlaunch.executor._stacks import thread_stacks
 from hwlaunch.executor.base import Executor, StatusCallback, free_port, startup_failure
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 
 __all__ = ["UniExecutor"]
 
-SHUTDOWN_WAIT = 5.0  # seconds shutdown() waits for the worker's own shutdown()
+log = logging.getLogger("hwlaunch")
 
 _Job = tuple[Callable[[], Any], "Future[Any]"]
 
@@ -114,8 +117,27 @@ class UniExecutor(Executor):
         worker = self._worker
         done = self._submit(worker.shutdown) if worker is not None else None
         self._jobs.put(None)
-        if polite and done is not None and wait([done], SHUTDOWN_WAIT).done:
-            self._thread.join(SHUTDOWN_WAIT)
+        grace = self.plan.shutdown_timeout  # a thread cannot be signalled: waiting is all
+        if not (polite and done is not None):
+            return
+        if wait([done], grace).done:
+            self._thread.join(grace)
+        else:
+            log.warning(
+                "hwlaunch: worker rank %d (in this process, pid %d) did not finish its "
+                "shutdown() within the %gs shutdown_timeout; its thread is left to end alone",
+                self.rank,
+                os.getpid(),
+                grace,
+            )
+
+    def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
+        """The worker thread's stack: the worker is that thread of this process."""
+        del timeout
+        ident = self._thread.ident
+        if self.rank not in ranks or ident is None:
+            return {}
+        return {self.rank: thread_stacks(only=[ident])}
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:

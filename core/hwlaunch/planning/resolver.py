@@ -73,6 +73,9 @@ def resolve(
     rpc_spin: float | None = None,
     max_restarts: int | None = None,
     cpu_threads: int | None = None,
+    rpc_warn_after: float | None = None,
+    shutdown_timeout: float | None = None,
+    forward_signals: str | Iterable[str] | None = None,
 ) -> Plan:
     """Decide backend, world size, executor and start method, with a reason for each.
 
@@ -94,5 +97,8 @@ def resolve(
         "rpc_spin": rpc_spin,
         "max_restarts": max_restarts,
         "cpu_threads": cpu_threads,
+        "rpc_warn_after": rpc_warn_after,
+        "shutdown_timeout": shutdown_timeout,
+        "forward_signals": forward_signals,
     }
     return resolve_with_sources(explicit, settings.sources("python"), config=config, assume=assume)

@@ -14,7 +14,7 @@ from hwlaunch._checks import did_you_mean, unknown_name_message
 from hwlaunch.channels import SPIN_WITH_FREE_CPUS
 from hwlaunch.errors import BackendUnavailableError, ConfigError
 from hwlaunch.executor_spec import ExecutorSpec
-from hwlaunch.plan import ExecutorName, Plan
+from hwlaunch.plan import SIGKILL_AFTER, ExecutorName, Plan
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
@@ -30,6 +30,7 @@ TYPO_CUTOFF = 0.75
 # The built-in executors the rules choose when the user names none: by size, and under a
 # launcher. What each may do is read from its ExecutorSpec, never from these names.
 SINGLE, LOCAL, ACROSS_NODES, UNDER_LAUNCHER = "uni", "mp", "ray", "external"
+STARTUP_REASON = "seconds every worker has to be ready"
 
 
 def decide(
@@ -61,10 +62,9 @@ def decide(
     preload = _preload(spec, method, notes)
     ray_address, pg_timeout = _ray_settings(runs, overrides, notes)
     startup = overrides.value("startup_timeout", spec.name)
-    notes.note(
-        "startup_timeout", startup.value, startup.source, "seconds every worker has to be ready"
-    )
+    notes.note("startup_timeout", startup.value, startup.source, STARTUP_REASON)
     rpc_channel, rpc_spin = _rpc_settings(runs, overrides, notes)
+    operation = _operation(spec, overrides, notes)
     return Plan(
         backend=spec.name,
         world_size=world.value,
@@ -91,7 +91,52 @@ def decide(
         propagate_env=spec.propagate_env,
         ray_noset_visibility_var=spec.ray_noset_visibility_var if runs.ray else None,
         ranks_from_launcher=runs.needs_launcher,
+        **operation,
     )
+
+
+DEFAULT_SHUTDOWN_TIMEOUT = 5.0  # seconds, for a backend that declares no shutdown_timeout
+
+
+def _operation(spec: BackendSpec, overrides: Overrides, notes: Notes) -> dict[str, Any]:
+    """The stall watchdog, the shutdown grace and the forwarded signals, each noted."""
+    warn = overrides.value("rpc_warn_after")
+    notes.note(
+        "rpc_warn_after",
+        warn.value,
+        warn.source,
+        "seconds a call waits before the silent ranks' stacks are logged, again at each doubling"
+        if warn.value
+        else "no stall warnings",
+    )
+    grace = overrides.lookup("shutdown_timeout", spec.name)
+    if grace is None:
+        declared = spec.shutdown_timeout
+        grace = Sourced(
+            DEFAULT_SHUTDOWN_TIMEOUT if declared is None else declared,
+            f"rule of backend {spec.name}" if declared is not None else "default",
+        )
+    notes.note(
+        "shutdown_timeout",
+        grace.value,
+        grace.source,
+        "seconds the workers' own shutdown() may take; then SIGTERM, and SIGKILL "
+        f"{SIGKILL_AFTER:g} s later",
+    )
+    signals = overrides.value("forward_signals")
+    forwarded: tuple[str, ...] = tuple(signals.value or ())
+    if forwarded:
+        notes.note(
+            "forward_signals",
+            list(forwarded),
+            signals.source,
+            "handlers installed at launch forward these to every worker; restored at shutdown",
+        )
+    return {
+        "rpc_warn_after": float(warn.value),
+        "shutdown_timeout": float(grace.value),
+        "forward_signals": forwarded,
+    }
 
 
 def _preload(spec: BackendSpec, method: str | None, notes: Notes) -> tuple[str, ...]:

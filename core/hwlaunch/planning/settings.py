@@ -39,6 +39,10 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+# Signals a job scheduler or a user sends that a worker may want to act on (SLURM sends SIGUSR1
+# before preemption with --signal); not SIGKILL or SIGSTOP, which no process can catch, nor
+# SIGHUP, which tells an mp worker that its parent died.
+FORWARDABLE_SIGNALS = ("SIGINT", "SIGQUIT", "SIGTERM", "SIGUSR1", "SIGUSR2", "SIGCONT")
 ENV_CONFIG = "HWLAUNCH_CONFIG"  # the config file to read; --config and config= beat it
 Parser = Callable[[str, object, str], Any]
 
@@ -90,6 +94,31 @@ def _seconds(name: str, raw: object, source: str) -> float:
 
 def _spin(name: str, raw: object, source: str) -> float:
     return float(_number(name, raw, source, float, 0.0))
+
+
+def _seconds_or_off(name: str, raw: object, source: str) -> float:
+    return float(_number(name, raw, source, float, 0.0))
+
+
+def _signal_names(name: str, raw: object, source: str) -> tuple[str, ...]:
+    """``"SIGUSR1,SIGTERM"`` (or a list of names; ``USR1`` and any case too) -> names."""
+    items = raw.split(",") if isinstance(raw, str) else raw
+    if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        raise ConfigError(
+            f"invalid {name} {raw!r} from {source}: must be signal names such as "
+            f"'SIGUSR1,SIGTERM' (allowed: {', '.join(FORWARDABLE_SIGNALS)})"
+        )
+    found = []
+    for item in (i.strip().upper() for i in items if i.strip()):
+        signal_name = item if item.startswith("SIG") else f"SIG{item}"
+        if signal_name not in FORWARDABLE_SIGNALS:
+            hint = did_you_mean(signal_name, FORWARDABLE_SIGNALS)
+            raise ConfigError(
+                f"invalid {name} {raw!r} from {source}: {item!r} is not a signal hwlaunch "
+                f"forwards{hint} (allowed: {', '.join(FORWARDABLE_SIGNALS)})"
+            )
+        found.append(signal_name)
+    return tuple(dict.fromkeys(found))
 
 
 def _choice(allowed: tuple[str, ...]) -> Parser:
@@ -202,6 +231,33 @@ SETTINGS: tuple[Setting, ...] = (
         "(mp, ray; 0: fail-stop).",
         _restarts,
         default=0,
+    ),
+    # -- operating the workers: the stall watchdog, the shutdown grace, forwarded signals --
+    Setting(
+        "rpc_warn_after",
+        "--rpc-warn-after",
+        "SECONDS",
+        "Seconds a collective_rpc waits before a warning shows the silent ranks' stacks "
+        "(again at each doubling; 0: never).",
+        _seconds_or_off,
+        default=60.0,
+    ),
+    Setting(
+        "shutdown_timeout",
+        "--shutdown-timeout",
+        "SECONDS",
+        "Seconds the workers' own shutdown() may take before SIGTERM (default: the backend's).",
+        _seconds,
+        per_backend=True,
+    ),
+    Setting(
+        "forward_signals",
+        "--forward-signals",
+        "SIGNALS",
+        "Signals this process forwards to every worker, e.g. SIGUSR1,SIGTERM (default: none; "
+        "no handler is installed).",
+        _signal_names,
+        allowed=FORWARDABLE_SIGNALS,
     ),
     Setting(
         "cpu_threads",

@@ -32,7 +32,14 @@ __all__ = ["OWN_THREADS", "probe_threads"]
 # hwlaunch's threads that only wait in poll or recv and hold no lock a forked child needs (named
 # where they are started). The uni executor's worker thread is not one: it runs user code.
 OWN_THREADS = frozenset(
-    ("hwlaunch-monitor", "hwlaunch-rpc", "hwlaunch-restart", "hwlaunch-ray-monitor")
+    (
+        "hwlaunch-monitor",
+        "hwlaunch-rpc",
+        "hwlaunch-restart",
+        "hwlaunch-ray-monitor",
+        "hwlaunch-watchdog",  # executor._watchdog: sleeps on an Event between calls
+        "hwlaunch-stacks",  # executor._stacks, in a worker: waits in recv on its pipe
+    )
 )
 OPENMP_LIBRARIES = ("libgomp",)  # GNU OpenMP keeps no fork handler: its pool breaks in a child
 _SYSTEM = re.compile(r"^(libc\.so|libpthread|ld-linux|ld-musl|libc\.musl|\[vdso\]|libstdc\+\+)")

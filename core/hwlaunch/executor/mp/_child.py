@@ -1,11 +1,13 @@
 """The worker process's main loop for the mp executor.
 
-Liveness: the worker exits when the parent dies, through two independent paths. A thread
+Liveness: the worker ends when the parent dies, through independent paths. A thread
 blocks on the read end of a *death pipe* whose only write end lives in the parent, so the
-parent's death (even by SIGKILL) is an EOF here. PR_SET_PDEATHSIG adds a kernel signal; it
-is set only when the thread that forked us is a main thread (the launcher's, or the fork
-server's), because the kernel fires it when that *thread* exits, and a launch from a
-short-lived thread must not kill us.
+parent's death (even by SIGKILL) is an EOF here; the call channel ends too. PR_SET_PDEATHSIG
+adds a kernel signal (PARENT_DEATH_SIGNAL); it is set only when the thread that forked us is
+a main thread (the launcher's, or the fork server's), because the kernel fires it when that
+*thread* exits, and a launch from a short-lived thread must not kill us. Each path first runs
+the worker's own ``shutdown()`` within the grace (``_driver_death``). The parent that ends a
+worker on purpose writes END_NOW on the death pipe first, then SIGTERM: that ends it now.
 
 Whatever ends the worker, its descendants go first (``process_tree``): every exit path runs
 through ``_end_process_tree``.
@@ -32,6 +34,8 @@ from hwlaunch.executor._mainprep import (
     reimport_main,
 )
 from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.executor._stacks import start_stack_thread
+from hwlaunch.executor.mp import _driver_death as driver_death
 from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._callables import CallReader
 from hwlaunch.executor.mp._messages import SHUTDOWN
@@ -40,6 +44,11 @@ from hwlaunch.executor.mp._wire import encode_reply
 from hwlaunch.plan import Plan
 
 PR_SET_PDEATHSIG = 1
+# Not SIGTERM, which the live parent sends to end a worker now: the kernel sends this one when
+# the parent's thread ends, before the parent process is gone (its other threads exiting, its
+# pipes still open), so only a signal of its own tells the two apart. SIGHUP: the hangup of
+# what the worker depends on, and never sent by the parent.
+PARENT_DEATH_SIGNAL = signal.SIGHUP
 
 
 _exiting = threading.Lock()
@@ -92,13 +101,26 @@ def _end_process_tree(code: int, *, exit_now: bool = True) -> None:
 
 
 def _watch_parent(death_r: Connection) -> None:
-    with contextlib.suppress(EOFError, OSError):
-        death_r.recv_bytes()  # the parent never writes: this returns only by EOF
-    _end_process_tree(1)
+    """The parent writes END_NOW when it ends this worker on purpose; EOF alone means that it
+    died, and the worker runs its own shutdown() first (``_driver_death``)."""
+    told = b""
+    with contextlib.suppress(OSError):
+        told = os.read(death_r.fileno(), 1)
+    if told:
+        _end_process_tree(1)
+    else:
+        driver_death.begin(_end_process_tree)
 
 
-def _default_sigterm() -> None:
+def _on_parent_death(*_: object) -> None:
+    """PARENT_DEATH_SIGNAL: the thread that started this worker has ended (its process is
+    dying; its descriptors may not be closed yet), so the worker shuts down in order."""
+    driver_death.begin(_end_process_tree)
+
+
+def _default_handlers() -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(PARENT_DEATH_SIGNAL, signal.SIG_DFL)
 
 
 def _install_liveness(death_r: Connection, pdeathsig: bool, parent_pid: int | None) -> None:
@@ -107,12 +129,13 @@ def _install_liveness(death_r: Connection, pdeathsig: bool, parent_pid: int | No
     process_tree.arm()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGTERM, lambda *_: _end_process_tree(128 + signal.SIGTERM))
+    signal.signal(PARENT_DEATH_SIGNAL, _on_parent_death)
     # A child this worker forks (a multiprocessing or DataLoader worker) must not inherit the
-    # handler above: its own SIGTERM should end it the ordinary way (exit code -15).
-    os.register_at_fork(after_in_child=_default_sigterm)
+    # handlers above: its own SIGTERM should end it the ordinary way (exit code -15).
+    os.register_at_fork(after_in_child=_default_handlers)
     if pdeathsig and sys.platform.startswith("linux"):
         libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        libc.prctl(PR_SET_PDEATHSIG, PARENT_DEATH_SIGNAL, 0, 0, 0)
         if parent_pid is not None and os.getppid() != parent_pid:
             os._exit(1)  # the parent died before the signal was armed
     threading.Thread(
@@ -133,6 +156,7 @@ def worker_main(
     replace_environ: bool,
     conn: Connection,
     channel: Endpoint,
+    stacks: Connection,
     death_r: Connection,
     inherited_fds: tuple[int, ...],
     pdeathsig: bool,
@@ -153,17 +177,10 @@ def worker_main(
         os.environ.clear()
     os.environ.update(env)
     _install_liveness(death_r, pdeathsig, parent_pid)
+    start_stack_thread(stacks)
     if main is not None:
         _reimport_or_fail(main, conn, plan.start_method)
-    guard = plan.facts.main_guard if plan.facts is not None else None
-    if guard is not None and guard.file and plan.start_method == "fork":
-        # This worker's __main__ is the parent's: its own spawned children would re-run the
-        # launch, or code read from stdin. (Under spawn/forkserver the resolver made sure the
-        # main is safe, and reimport_main handles stdin.)
-        if guard.status == "unguarded":
-            refuse_reimport(guard.where() or guard.file)
-        elif os.path.basename(guard.file) == STDIN:
-            refuse_stdin_reimport()
+    _refuse_forked_unsafe_main(plan)
     try:
         worker = start_worker(
             plan,
@@ -176,9 +193,24 @@ def worker_main(
         )
     except BaseException as exc:
         _fail_startup(conn, Failure.current(exc))
+    driver_death.register(worker, rank, plan.shutdown_timeout)
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
-    serve(worker, rank, channel)
-    _end_process_tree(0, exit_now=False)  # told to shut down, or the parent's pipe closed
+    if not serve(worker, rank, channel):  # the channel ended: the parent is gone
+        driver_death.begin(_end_process_tree)
+        driver_death.wait()
+    _end_process_tree(0, exit_now=False)  # told to shut down
+
+
+def _refuse_forked_unsafe_main(plan: Plan) -> None:
+    guard = plan.facts.main_guard if plan.facts is not None else None
+    if guard is not None and guard.file and plan.start_method == "fork":
+        # This worker's __main__ is the parent's: its own spawned children would re-run the
+        # launch, or code read from stdin. (Under spawn/forkserver the resolver made sure the
+        # main is safe, and reimport_main handles stdin.)
+        if guard.status == "unguarded":
+            refuse_reimport(guard.where() or guard.file)
+        elif os.path.basename(guard.file) == STDIN:
+            refuse_stdin_reimport()
 
 
 def _reimport_or_fail(main: tuple[str, str], conn: Connection, method: str | None) -> None:
@@ -202,8 +234,9 @@ def _fail_startup(conn: Connection, failure: Failure) -> NoReturn:
     os._exit(1)  # not reached: another path is ending the process
 
 
-def serve(worker: Any, rank: int, channel: Endpoint) -> None:
-    """Answer requests (``hwlaunch.executor.mp._messages``) with ``(rpc_id, ok, value)``.
+def serve(worker: Any, rank: int, channel: Endpoint) -> bool:
+    """Answer requests (``hwlaunch.executor.mp._messages``) with ``(rpc_id, ok, value)``;
+    return True when told to shut down, False when the channel ended (the parent is gone).
 
     ``channel`` is this rank's end of the pipe or shared-memory channel; both give whole
     messages. With a ``reply_rank`` other than this rank, the value stays here (None travels).
@@ -213,13 +246,13 @@ def serve(worker: Any, rank: int, channel: Endpoint) -> None:
         try:
             kind, rpc_id, reply_rank, request = reader.next(channel)
         except (EOFError, OSError):
-            break
+            return False
         if kind == SHUTDOWN:
             try:
                 worker.shutdown()
             finally:
                 channel.send(encode_reply((rpc_id, True, None)))
-            break
+            return True
         keep = reply_rank is None or reply_rank == rank
         reply = answer(
             worker, request, rpc_id, keep_value=keep, decode=reader.take, encode=encode_reply

@@ -45,6 +45,7 @@ from hwlaunch.executor.mp._messages import CALL, request_head
 from hwlaunch.executor.mp._pipe_channel import open_channel
 from hwlaunch.executor.mp._quiet_fork import quiet_own_fork
 from hwlaunch.executor.mp._shm_channel import ChannelLost, Message, ShmChannel
+from hwlaunch.executor.mp._stack_requests import request_stacks
 from hwlaunch.executor.mp._wire import decode_reply, encode
 from hwlaunch.plan import Plan
 
@@ -92,7 +93,7 @@ class MultiprocExecutor(Executor):
         )
         self._rpc_id = 0
         self._sentinels: list[int] = []  # the workers' process sentinels, in rank order
-        self._group = WorkerGroup(plan.world_size)
+        self._group = WorkerGroup(plan.world_size, plan.shutdown_timeout)
         self._server: ForkServer | None = None  # the fork server of a forkserver plan
         # exitpriority >= 0: runs in multiprocessing's atexit hook *before* it joins every
         # non-daemonic child, so that join finds the workers already gone instead of hanging.
@@ -175,11 +176,18 @@ class MultiprocExecutor(Executor):
         parent_conn, child_conn = ctx.Pipe()
         group.conns.append(parent_conn)
         channel.conns.append(parent_conn)
+        stacks_conn, child_stacks = ctx.Pipe()
+        group.stack_conns.append(stacks_conn)
         inherited: tuple[int, ...] = ()
         if self.plan.start_method == "fork":
             inherited = (death_w.fileno(), *(c.fileno() for c in group.conns))
-            inherited += channel.child_fds(rank)
-        options = dict(options, conn=child_conn, channel=channel.endpoint(rank, child_conn))
+            inherited += (*(c.fileno() for c in group.stack_conns), *channel.child_fds(rank))
+        options = dict(
+            options,
+            conn=child_conn,
+            channel=channel.endpoint(rank, child_conn),
+            stacks=child_stacks,
+        )
         name = f"hwlaunch-{self.plan.backend}-rank{rank}"
         with _global_start_method_kept():
             entry = main_entry(name) if self.plan.start_method != "fork" else None
@@ -206,6 +214,7 @@ class MultiprocExecutor(Executor):
         group.pids.append(process.pid)
         group.identities.append(process_tree.identify(process.pid))
         child_conn.close()
+        child_stacks.close()
         self.report_status(rank, "started")
 
     def _await_ready(self) -> None:
@@ -287,6 +296,7 @@ class MultiprocExecutor(Executor):
         results: list[Any] = [None] * group.world_size
         failures: dict[int, Failure] = {}
         pending = list(range(group.world_size))
+        self.waiting_on = pending  # what the stall watchdog names
         while pending:
             remaining = None
             if deadline is not None:
@@ -338,6 +348,21 @@ class MultiprocExecutor(Executor):
         if ended:
             raise self._lost(ended[0], "check_health")
         super().check_health()
+
+    def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
+        group = self._group
+        with group.stack_lock:
+            if group.released:
+                return {}
+            return request_stacks(
+                {rank: group.stack_conns[rank] for rank in ranks}, group.pids, timeout
+            )
+
+    def signal_ranks(self, signum: int) -> None:
+        for process in self._group.processes:
+            if process.exitcode is None and process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signum)
 
     def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
         # On the group, not self: the group's finalizer must not keep the executor alive.

@@ -6,6 +6,8 @@ Kept apart from the executor object so that the executor's finalizer holds no re
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -21,12 +23,16 @@ from hwlaunch.executor.mp._messages import SHUTDOWN, request_head
 from hwlaunch.executor.mp._pipe_channel import Channel
 from hwlaunch.executor.mp._shm_channel import ChannelLost
 from hwlaunch.executor.state import ClosedState
+from hwlaunch.plan import SIGKILL_AFTER
 
-__all__ = ["EXIT_CODE_WAIT", "WorkerGroup"]
+__all__ = ["END_NOW", "EXIT_CODE_WAIT", "WorkerGroup"]
 
-SHUTDOWN_GRACE = 5.0  # seconds a polite shutdown waits before SIGTERM
-SIGNAL_GRACE = 2.0  # seconds after SIGTERM before SIGKILL, and after SIGKILL before giving up
+SIGNAL_GRACE = SIGKILL_AFTER  # after SIGTERM before SIGKILL, and after SIGKILL before giving up
 EXIT_CODE_WAIT = 1.0  # a worker whose pipe hit EOF is exiting: time to collect its exit code
+# Written once per worker on the death pipe before the parent closes it on purpose: "end now".
+# EOF without it means the parent died, and a worker runs its own shutdown() first.
+END_NOW = b"x"
+log = logging.getLogger("hwlaunch")
 
 
 class WorkerGroup:
@@ -41,12 +47,15 @@ class WorkerGroup:
     under that thread, so a shutdown during an RPC leaves the closing to the RPC's thread.
     """
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, shutdown_timeout: float) -> None:
         self.world_size = world_size
+        self.shutdown_timeout = shutdown_timeout  # the workers' own shutdown() before SIGTERM
         self.processes: list[BaseProcess] = []
         self.pids: list[int | None] = []
         self.identities: list[psutil.Process | None] = []  # pid + start time, for sweeps
         self.conns: list[Connection] = []
+        self.stack_conns: list[Connection] = []  # each worker's stack thread (_stacks)
+        self.stack_lock = threading.Lock()  # one stack request at a time on those pipes
         self.channel: Channel | None = None  # carries requests and replies once started
         self.death_w: Connection | None = None
         self.wake_r: Connection | None = None
@@ -103,7 +112,7 @@ class WorkerGroup:
             in_rpc = self.rpc_thread is not None
         if not first:
             if wait:
-                self.finished.wait(SHUTDOWN_GRACE + 3 * SIGNAL_GRACE)
+                self.finished.wait(self.shutdown_timeout + 3 * SIGNAL_GRACE)
             return
         try:
             self._stop_workers(polite and not in_rpc and self.state.died is None)
@@ -132,36 +141,54 @@ class WorkerGroup:
             with contextlib.suppress(OSError):
                 self.wake_w.send_bytes(b"stop")  # the monitor stops watching
         if polite and self.channel is not None:
+            deadline = time.monotonic() + self.shutdown_timeout
             with contextlib.suppress(ChannelLost, OSError, TimeoutError):
                 self.channel.send(
-                    b"",
-                    self.check_alive,
-                    time.monotonic() + SHUTDOWN_GRACE,
-                    head=request_head(SHUTDOWN, 0, None),
+                    b"", self.check_alive, deadline, head=request_head(SHUTDOWN, 0, None)
                 )
-            deadline = time.monotonic() + SHUTDOWN_GRACE
             for process in self.processes:
                 process.join(max(0.0, deadline - time.monotonic()))
+            self._log_escalation(
+                f"did not finish its shutdown() within the {self.shutdown_timeout:g}s "
+                "shutdown_timeout: SIGTERM"
+            )
         if self.death_w is not None:
             # EOF on the death pipe ends a worker even while its main thread is stuck in native
             # code (a rendezvous, a collective) where its Python SIGTERM handler cannot run.
+            # END_NOW first: the parent lives, so the worker must not run its shutdown().
+            with contextlib.suppress(OSError):
+                os.write(self.death_w.fileno(), END_NOW * len(self.processes))
             self.death_w.close()
-        for step in ("terminate", "kill"):
+        for step, after in (("terminate", None), ("kill", f"{SIGNAL_GRACE:g}s after SIGTERM")):
             alive = [p for p in self.processes if p.exitcode is None]
             if not alive:
                 break
+            if after is not None:
+                self._log_escalation(f"still running {after}: SIGKILL")
             for process in alive:
                 getattr(process, step)()
             deadline = time.monotonic() + SIGNAL_GRACE
             for process in alive:
                 process.join(max(0.0, deadline - time.monotonic()))
 
+    def _log_escalation(self, what: str) -> None:
+        """One warning per worker still running: a step of the shutdown schedule."""
+        for rank, process in enumerate(self.processes):
+            if process.exitcode is None:
+                log.warning("hwlaunch: worker rank %d (pid %s) %s", rank, process.pid, what)
+
     def release(self) -> None:
         """Close the pipes and the process handles (their sentinels). Call under ``lock``."""
         if self.released:
             return
         self.released = True
-        pipes: list[Connection | None] = [*self.conns, self.death_w, self.wake_r, self.wake_w]
+        pipes: list[Connection | None] = [
+            *self.conns,
+            *self.stack_conns,
+            self.death_w,
+            self.wake_r,
+            self.wake_w,
+        ]
         for pipe in pipes:
             if pipe is not None:
                 pipe.close()
@@ -181,7 +208,7 @@ class WorkerGroup:
         """A shutdown in progress (after a death, from another thread) ends first, so that an
         error raised after it describes a group whose processes, descendants too, are gone."""
         if self.state.closed:
-            self.finished.wait(SHUTDOWN_GRACE + 3 * SIGNAL_GRACE)
+            self.finished.wait(self.shutdown_timeout + 3 * SIGNAL_GRACE)
 
     def leave_rpc(self) -> None:
         """The RPC thread is done with the pipes; close them if a shutdown left that to it."""

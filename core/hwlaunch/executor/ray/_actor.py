@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.executor._stacks import thread_stacks
 from hwlaunch.executor.base import free_port
 from hwlaunch.executor.ray._cluster import import_ray
 from hwlaunch.plan import Plan
@@ -80,6 +81,11 @@ class RankActor:
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
+
+    def stacks(self) -> str:
+        """Every thread's stack in this actor's process, read from the control concurrency
+        group's thread while calls run (or hang) on the default one."""
+        return thread_stacks()
 
     def watch(self) -> None:
         """Never returns: Ray fails this call when the actor dies (its process killed, its node

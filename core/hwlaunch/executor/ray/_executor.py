@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib
+import logging
 import os
 import re
 import threading
@@ -49,8 +50,9 @@ from hwlaunch.plan import Plan
 
 __all__ = ["RayExecutor"]
 
-SHUTDOWN_GRACE = 5.0
 WATCH_GROUP = "hwlaunch_watch"  # the actors' concurrency group for watch()
+CONTROL_GROUP = "hwlaunch_control"  # stacks(), while a call runs
+log = logging.getLogger("hwlaunch")
 MONITOR_POLL = 0.5  # seconds between the monitor's checks that the executor is still open
 # Ray copies arguments up to this size into each call; a larger payload is put in the object
 # store once and shared by every rank.
@@ -73,9 +75,10 @@ class _ActorGroup:
     Kept apart from the executor object so that the finalizer holds no reference to it.
     """
 
-    def __init__(self, ray: Any, owns_connection: bool) -> None:
+    def __init__(self, ray: Any, owns_connection: bool, shutdown_timeout: float) -> None:
         self.ray = ray
         self.owns_connection = owns_connection
+        self.shutdown_timeout = shutdown_timeout  # the actors' own shutdown() before ray.kill
         self.pg: Any = None
         self.actors: list[Any] = []
         self.nodes: list[RankNode] = []
@@ -153,8 +156,7 @@ class _ActorGroup:
             if not ray.is_initialized():
                 return  # Ray's own shutdown already ended every actor and placement group
             if polite and not self.busy and self.actors:
-                refs = [actor.stop.remote() for actor in self.actors]
-                ray.wait(refs, num_returns=len(refs), timeout=SHUTDOWN_GRACE)
+                self._stop_actors()
             for actor in self.actors:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
@@ -166,6 +168,23 @@ class _ActorGroup:
         finally:
             if release_now:
                 release(ray)
+
+    def _stop_actors(self) -> None:
+        """Each actor's own shutdown(), within the grace; the late ones are logged, then
+        killed with the others."""
+        refs = [actor.stop.remote() for actor in self.actors]
+        done, _ = self.ray.wait(refs, num_returns=len(refs), timeout=self.shutdown_timeout)
+        finished = set(done)
+        for rank, ref in enumerate(refs):
+            if ref not in finished:
+                pid = self.nodes[rank].pid if rank < len(self.nodes) else None
+                log.warning(
+                    "hwlaunch: worker rank %d (Ray actor, pid %s) did not finish its "
+                    "shutdown() within the %gs shutdown_timeout: ray.kill",
+                    rank,
+                    pid,
+                    self.shutdown_timeout,
+                )
 
 
 class RayExecutor(Executor):
@@ -188,7 +207,7 @@ class RayExecutor(Executor):
             on_status=on_status,
         )
         ray = import_ray(loopback=plan.ray_address is None)
-        self._group = _ActorGroup(ray, connect(ray, plan, self.warnings))
+        self._group = _ActorGroup(ray, connect(ray, plan, self.warnings), plan.shutdown_timeout)
         self._finalizer = weakref.finalize(self, self._group.shutdown)
         # Registered after Ray's own exit hook, so it runs before Ray disconnects.
         atexit.register(self._finalizer)
@@ -260,7 +279,7 @@ class RayExecutor(Executor):
         """One actor per rank in its bundle, with the rank's variables from process start."""
         group, plan, ray = self._group, self.plan, self._group.ray
         strategies = importlib.import_module("ray.util.scheduling_strategies")
-        actor_class = ray.remote(concurrency_groups={WATCH_GROUP: 1})(RankActor)
+        actor_class = ray.remote(concurrency_groups={WATCH_GROUP: 1, CONTROL_GROUP: 1})(RankActor)
         # Ray starts actors from its node's environment, not this driver's: what workers need
         # from here (worker_environment holds the propagate_env variables) travels in the
         # runtime environment, to every node.
@@ -356,8 +375,10 @@ class RayExecutor(Executor):
                 actor.call.remote(arg, reply_rank in (None, rank))
                 for rank, actor in enumerate(group.actors)
             ]
+            pending = {ref: rank for rank, ref in enumerate(refs)}
+            self.waiting_on = pending.values()  # what the stall watchdog names
             gather(
-                {ref: rank for rank, ref in enumerate(refs)},
+                pending,
                 self._wait_one,
                 take,
                 timeout,
@@ -372,6 +393,23 @@ class RayExecutor(Executor):
         if died is None:
             return self.closed_during(label)
         return self.worker_died(died)
+
+    def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
+        group, ray = self._group, self._group.ray
+        refs = {
+            group.actors[rank].stacks.options(concurrency_group=CONTROL_GROUP).remote(): rank
+            for rank in ranks
+            if rank < len(group.actors)
+        }
+        found: dict[int, str] = {}
+        with contextlib.suppress(Exception):  # Ray is going away
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
+            for ref in ready:
+                with contextlib.suppress(Exception):  # that actor died
+                    found[refs[ref]] = ray.get(ref)
+        for rank in ranks:
+            found.setdefault(rank, f"no stack within {timeout:g}s (the actor did not answer)")
+        return dict(sorted(found.items()))
 
     # -- state and stop ------------------------------------------------------------------
     def raise_if_closed(self) -> None:
