@@ -114,8 +114,6 @@ class Spinner:
         now = _now()
         if self.window <= 0 or now < self.quiet_until:
             return False
-        if all(mm[at] == seq for at in flags):
-            return True
         end = now + self.window
         if deadline is not None and deadline < end:
             end = deadline
