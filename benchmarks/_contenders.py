@@ -288,8 +288,49 @@ def ready_ray(n: int, launches: int) -> dict[str, Any]:
 
 
 # -- collective RPC round trips ---------------------------------------------------------------
-def rpc(rounds: int, with_ray: bool) -> dict[str, Any]:
+def pickled_round_trip(ends: list[Connection], data: bytes) -> Callable[[], None]:
+    """The Pipe + pickle path: a pickled ``("echo", data)`` out to every child, back from each."""
 
+    def round_trip() -> None:
+        for end in ends:
+            end.send(("echo", data))
+        for end in ends:
+            end.recv()
+
+    return round_trip
+
+
+def ray_cases(large: bytes) -> tuple[Any, dict[str, Callable[[], Any]]]:
+    """A private Ray instance with 2 probe actors, and the no-op and 1 MB calls on them."""
+    ray = ray_init()
+    probe = ray_probe_class(ray)
+    actors = [probe.remote() for _ in range(2)]
+    ray.get([actor.ping.remote() for actor in actors])
+    return ray, {
+        "ray/noop": lambda: ray.get([actor.ping.remote() for actor in actors]),
+        "ray/1MB": lambda: ray.get([actor.echo.remote(large) for actor in actors]),
+    }
+
+
+def time_interleaved(cases: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """Mean seconds per call of each case, one sample per round; interleaved, so that a burst
+    of load hits every contender alike (Ray, slower, makes a tenth of the calls)."""
+    calls = {"noop": 400, "1MB": 40}
+    samples: dict[str, list[float]] = {name: [] for name in cases}
+    for case in cases.values():  # warm-up
+        case()
+    for _ in range(rounds):
+        for name, case in cases.items():
+            count = calls[name.split("/")[1]] // (10 if name.startswith("ray") else 1)
+            start = time.perf_counter()
+            for _ in range(count):
+                case()
+            samples[name].append((time.perf_counter() - start) / count)
+    return samples
+
+
+def rpc(rounds: int, with_ray: bool) -> dict[str, Any]:
+    """Round trips to 2 workers: raw Pipe (with and without pickle), hwlaunch, Ray."""
     import torch  # noqa: F401
 
     import hwlaunch
@@ -307,44 +348,20 @@ def rpc(rounds: int, with_ray: bool) -> dict[str, Any]:
         init_distributed=False,
         worker_extension=Echo,
     )
-
-    def pickled(ends: list[Connection], data: bytes) -> Callable[[], None]:
-        def round_trip() -> None:
-            for end in ends:
-                end.send(("echo", data))
-            for end in ends:
-                end.recv()
-
-        return round_trip
-
-    cases: dict[str, Callable[[], None]] = {
+    cases: dict[str, Callable[[], Any]] = {
         "pipe/noop": pipe_round_trip(floors["pipe"], small),
         "pipe/1MB": pipe_round_trip(floors["pipe"], large),
-        "pipe+pickle/noop": pickled(floors["pipe+pickle"], small),
-        "pipe+pickle/1MB": pickled(floors["pipe+pickle"], large),
+        "pipe+pickle/noop": pickled_round_trip(floors["pipe+pickle"], small),
+        "pipe+pickle/1MB": pickled_round_trip(floors["pipe+pickle"], large),
         "hwlaunch/noop": lambda: executor.collective_rpc("ping"),
         "hwlaunch/1MB": lambda: executor.collective_rpc("echo", (large,)),
     }
     ray: Any = None
-    if with_ray:
-        ray = ray_init()
-        probe = ray_probe_class(ray)
-        actors = [probe.remote() for _ in range(2)]
-        ray.get([actor.ping.remote() for actor in actors])
-        cases["ray/noop"] = lambda: ray.get([actor.ping.remote() for actor in actors])
-        cases["ray/1MB"] = lambda: ray.get([actor.echo.remote(large) for actor in actors])
-    calls = {"noop": 400, "1MB": 40}
-    samples: dict[str, list[float]] = {name: [] for name in cases}
     try:
-        for case in cases.values():  # warm-up
-            case()
-        for _ in range(rounds):  # interleaved: a burst of load hits every contender alike
-            for name, case in cases.items():
-                count = calls[name.split("/")[1]] // (10 if name.startswith("ray") else 1)
-                start = time.perf_counter()
-                for _ in range(count):
-                    case()
-                samples[name].append((time.perf_counter() - start) / count)
+        if with_ray:
+            ray, more = ray_cases(large)
+            cases |= more
+        samples = time_interleaved(cases, rounds)
     finally:
         executor.shutdown()
         for ends in floors.values():

@@ -1,24 +1,26 @@
-"""collective_rpc through the shared-memory channel against the pipe channel, side by side.
+"""collective_rpc through the mp executor's channels, against the raw shared-memory floor.
 
-    python benchmarks/rpc_channel.py [--rounds 7] [--method fork] [--spin 0] [--out FILE.json]
+    python benchmarks/rpc_channel.py [--rounds 7] [--method fork] [--out FILE.json]
+                                     [--baseline EARLIER.json]
 
-In one parent (torch imported first, as an engine has), interleaved round by round so that a
-burst of load from elsewhere hits every contender alike:
+In one parent (torch imported first, as an engine has), interleaved round by round in a new
+(seeded) random order each round, so that a burst of load from elsewhere hits every contender
+alike; every call timed on its own, medians reported:
 
-- a raw ``multiprocessing.Pipe`` round trip to 2 child processes (bytes out, bytes back): the
-  floor any pipe-based RPC pays;
-- a no-op ``collective_rpc`` to 2 workers with ``rpc_channel="shm"`` (the default spin window
-  for this machine, and ``--spin``, 0 unless told: every wait blocks) and with ``"pipe"``;
-- a no-op ``collective_rpc`` to 8 workers with ``shm`` (scaling; meaningful only with at least 9
-  free CPUs, the CPU count is printed);
-- a 1 MiB echo (1 MiB out to each worker, 1 MiB back from each) with ``shm`` and ``pipe``;
-- the CPU time of 2 idle ``shm`` workers over 5 s, starting after the spin window.
+- the floor (``_floor.py``): a parent and a forked child copying the same bytes through an
+  ``mmap`` with a sequence byte, polling with ``sched_yield`` as the channel does: 1 byte,
+  1 MiB and 16 MiB;
+- one shm worker (the default spin window): a no-op by method name, the same no-op as a
+  lambda (sent again on every call), and an echo of 1 MiB and 16 MiB as ``bytes`` and as a
+  float32 torch tensor (the payload goes out and comes back);
+- 2 and 4 workers, shm channel against pipe channel, named and lambda no-ops (on a 2-CPU
+  machine, 4 workers and their parent contend for the CPUs);
+- the CPU time of idle shm workers over 5 s (1 and 4 workers), after the spin window.
 
-The contenders run in a new random order each round (seeded), so that none always follows
-the same other one. Every call is timed on its own; the table shows the median per call (robust to the bursts of
-load of a shared machine), ratios of medians, and the mean. Between two contenders the parent
-waits out the spin window, so that workers still polling after one contender's calls do not
-take CPU from the next. ``--out`` writes every sample as JSON.
+Between two contenders the parent waits out the spin window, so that workers still polling
+after one contender's calls do not take CPU from the next. The targets are checked on the
+medians of this one run; ``--baseline`` names the JSON of an earlier run (``--out``), whose
+named no-op the named no-op must not be slower than. ``--out`` writes every sample as JSON.
 """
 
 from __future__ import annotations
@@ -33,171 +35,228 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _contenders import Echo, pipe_round_trip, start_pipe_echoes  # benchmarks/ on sys.path
+from _contenders import Echo  # benchmarks/ on sys.path
+from _floor import Floor
 
 MIB = 1024 * 1024
-CALLS = {"noop": 300, "1MiB": 20}  # per contender and round
+CALLS = {"noop": 200, "1MiB": 30, "16MiB": 5}  # per contender and round
 IDLE_SECONDS = 5.0
+SIZES = {"1MiB": MIB, "16MiB": 16 * MIB}
+GROUPS = {"shm-1": ("shm", 1), "shm-2": ("shm", 2), "pipe-2": ("pipe", 2)}
+GROUPS |= {"shm-4": ("shm", 4), "pipe-4": ("pipe", 4)}
+Case = Callable[[], tuple[Callable[[], Any], Callable[[], None]]]  # -> (one call, batch end)
 
 
-def measure(rounds: int, method: str, spin: float) -> dict[str, Any]:
-    import psutil
-    import torch  # noqa: F401
+def noop(worker: Any) -> None:
+    """The callable no-op: a function of this script, which travels by value (cloudpickle),
+    as a script's or notebook's lambda does."""
 
+
+def _launch(channel: str, n: int, method: str) -> Any:
     import hwlaunch
 
-    small, large = b"x" * 16, os.urandom(MIB)
-    ends, children = start_pipe_echoes(2)
+    return hwlaunch.launch(
+        backend="cpu",
+        executor="mp",
+        world_size=n,
+        start_method=method,
+        rpc_channel=channel,
+        init_distributed=False,
+        worker_extension=Echo,
+    )
 
-    def launch(channel: str, n: int, rpc_spin: float | None = None) -> Any:
-        return hwlaunch.launch(
-            backend="cpu",
-            executor="mp",
-            world_size=n,
-            start_method=method,
-            rpc_channel=channel,
-            rpc_spin=rpc_spin,
-            init_distributed=False,
-            worker_extension=Echo,
-        )
 
-    executors = {
-        "shm": launch("shm", 2),
-        "shm-spin": launch("shm", 2, spin),
-        "pipe": launch("pipe", 2),
-        "shm-8": launch("shm", 8),
-    }
-    default_spin = executors["shm"].rpc_spin
-    window = max(spin, default_spin or 0.0)  # the longest any contender's workers poll
+def _call(executor: Any, method: Any, *args: Any) -> Case:
+    def start() -> tuple[Callable[[], Any], Callable[[], None]]:
+        return (lambda: executor.collective_rpc(method, args)), (lambda: None)
 
-    def rpc(name: str, *args: Any) -> Callable[[], Any]:
-        executor = executors[name]
-        return lambda: executor.collective_rpc(*args)
+    return start
 
-    cases: dict[str, Callable[[], Any]] = {"pipe-floor/noop": pipe_round_trip(ends, small)}
-    for name in executors:
-        cases[f"{name}/noop"] = rpc(name, "ping")
-    cases["pipe-floor/1MiB"] = pipe_round_trip(ends, large)
-    for name in ("shm", "shm-spin", "pipe"):
-        cases[f"{name}/1MiB"] = rpc(name, "echo", (large,))
+
+def _floor_case(floor: Floor, data: bytes) -> Case:
+    def start() -> tuple[Callable[[], Any], Callable[[], None]]:
+        return floor.begin(data), floor.end
+
+    return start
+
+
+def make_cases(executors: dict[str, Any], floor: Floor) -> dict[str, Case]:
+    """Every contender, named ``group/what`` (``what`` starts with the size it moves)."""
+    import torch
+
+    cases = {"floor/noop-1B": _floor_case(floor, b"x")}
+    one = executors["shm-1"]
+    cases["shm-1/noop-named"] = _call(one, "ping")
+    cases["shm-1/noop-lambda"] = _call(one, noop)
+    for size, n in SIZES.items():
+        data = os.urandom(n)
+        cases[f"floor/{size}"] = _floor_case(floor, data)
+        cases[f"shm-1/{size}-bytes"] = _call(one, "echo", data)
+        cases[f"shm-1/{size}-tensor"] = _call(one, "echo", torch.rand(n // 4))
+    for group in ("shm-2", "pipe-2", "shm-4", "pipe-4"):
+        cases[f"{group}/noop-named"] = _call(executors[group], "ping")
+        cases[f"{group}/noop-lambda"] = _call(executors[group], noop)
+    return cases
+
+
+def _calls(name: str) -> int:
+    what = name.split("/")[1]
+    return next(count for prefix, count in CALLS.items() if what.startswith(prefix))
+
+
+def time_rounds(cases: dict[str, Case], rounds: int, window: float) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {name: [] for name in cases}
+    order = list(cases.items())
+    for _, start in order:  # warm-up: every path once (the callable's first trip too)
+        call, end = start()
+        call()
+        end()
+    shuffle = random.Random(0).shuffle
+    for _ in range(rounds):
+        shuffle(order)  # no contender always runs right after the same other one
+        for name, start in order:
+            time.sleep(window + 0.02)  # the previous contender's workers stop polling
+            call, end = start()
+            times = samples[name]
+            for _ in range(_calls(name)):
+                began = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - began)
+            end()
+    return samples
+
+
+def idle_fractions(executor: Any, window: float) -> list[float]:
+    """Each worker's CPU time over IDLE_SECONDS, as a fraction of a core, after a last call."""
+    import psutil
+
+    executor.collective_rpc("ping")
+    time.sleep(window + 0.05)
+    workers = [psutil.Process(pid) for pid in executor.pids if pid is not None]
+    before = [sum(w.cpu_times()[:2]) for w in workers]
+    time.sleep(IDLE_SECONDS)
+    after = [sum(w.cpu_times()[:2]) for w in workers]
+    return [(a - b) / IDLE_SECONDS for a, b in zip(after, before, strict=True)]
+
+
+def measure(rounds: int, method: str) -> dict[str, Any]:
+    import torch  # noqa: F401  (the parent has torch, as an engine has)
+
+    floor = Floor(max(SIZES.values()))
+    executors = {name: _launch(channel, n, method) for name, (channel, n) in GROUPS.items()}
+    window = max(e.rpc_spin or 0.0 for e in executors.values())
     try:
-        for case in cases.values():  # warm-up
-            case()
-        order = list(cases.items())
-        shuffle = random.Random(0).shuffle
-        for _ in range(rounds):
-            shuffle(order)  # no contender always runs right after the same other one
-            for name, case in order:
-                time.sleep(window + 0.02)  # the previous contender's workers stop polling
-                times = samples[name]
-                for _ in range(CALLS[name.split("/")[1]]):
-                    start = time.perf_counter()
-                    case()
-                    times.append(time.perf_counter() - start)
-        idle = {}
-        for name in ("shm", "shm-spin"):
-            executors[name].collective_rpc("ping")
-            time.sleep(window + 0.05)
-            workers = [psutil.Process(pid) for pid in executors[name].pids if pid is not None]
-            before = [sum(w.cpu_times()[:2]) for w in workers]
-            time.sleep(IDLE_SECONDS)
-            idle[name] = [
-                (sum(w.cpu_times()[:2]) - b) / IDLE_SECONDS
-                for w, b in zip(workers, before, strict=True)
-            ]
+        samples = time_rounds(make_cases(executors, floor), rounds, window)
+        idle = {name: idle_fractions(executors[name], window) for name in ("shm-1", "shm-4")}
+        spins = {name: e.rpc_spin for name, e in executors.items()}
     finally:
         for executor in executors.values():
             executor.shutdown()
-        for end in ends:
-            end.close()
-        for child in children:
-            child.join(10)
+        floor.close()
     return {
         "method": method,
         "cpus": len(os.sched_getaffinity(0)),
         "load_average": os.getloadavg(),
-        "default_spin": default_spin,
-        "spin": spin,
+        "spin": spins,
         "rounds": rounds,
         "samples": samples,
         "median": {k: statistics.median(v) for k, v in samples.items()},
-        "per_round_ratio": {
-            "noop": per_round(samples["shm/noop"], samples["pipe-floor/noop"], rounds),
-            "1MiB": per_round(samples["shm/1MiB"], samples["pipe/1MiB"], rounds),
-        },
-        "mean": {k: statistics.mean(v) for k, v in samples.items()},
         "idle_core_fraction": idle,
     }
 
 
-def per_round(case: list[float], base: list[float], rounds: int) -> list[float]:
-    """The ratio of the two medians within each round (the first sample of a round is its
-    first call after the pause, so each round's calls are contiguous in the list)."""
-    n, m = len(case) // rounds, len(base) // rounds
-    return [
-        statistics.median(case[i * n : (i + 1) * n]) / statistics.median(base[i * m : (i + 1) * m])
-        for i in range(rounds)
-    ]
+def _target(name: str, value: float, base: float, limit: float, what: str) -> dict[str, Any]:
+    return {
+        "name": f"{name} <= {limit:g}x {what}",
+        "passed": value <= limit * base,
+        "detail": f"{value * 1e6:,.1f} µs vs {base * 1e6:,.1f} µs (x{value / base:.2f})",
+    }
+
+
+def targets(result: dict[str, Any], baseline: dict[str, Any] | None) -> list[dict[str, Any]]:
+    med = result["median"]
+    out = []
+    for size, limit in (("1MiB", 1.5), ("16MiB", 2.0)):
+        for kind in ("bytes", "tensor"):
+            key = f"shm-1/{size}-{kind}"
+            out.append(
+                _target(f"{size} {kind} echo", med[key], med[f"floor/{size}"], limit, "floor")
+            )
+    lam, named = med["shm-1/noop-lambda"], med["shm-1/noop-named"]
+    out.append(_target("repeated lambda no-op", lam, named, 1.5, "the named no-op"))
+    for n in (2, 4):
+        for how in ("named", "lambda"):
+            shm, pipe = med[f"shm-{n}/noop-{how}"], med[f"pipe-{n}/noop-{how}"]
+            out.append(_target(f"{how} no-op to {n} workers, shm", shm, pipe, 1.1, "pipe"))
+    busiest = max(max(v) for v in result["idle_core_fraction"].values())
+    out.append(
+        {
+            "name": "idle shm workers < 1% of a core",
+            "passed": busiest < 0.01,
+            "detail": f"busiest idle worker: {busiest * 100:.2f}% of a core over {IDLE_SECONDS:g} s",
+        }
+    )
+    if baseline is None:
+        out.append(
+            {"name": "named no-op no slower than before", "passed": None, "detail": "no --baseline"}
+        )
+    else:
+        before = baseline["median"]["shm-1/noop-named"]
+        out.append(_target("named no-op", named, before, 1.0, "the baseline run's"))
+    return out
 
 
 def report(result: dict[str, Any]) -> str:
-    med, mean = result["median"], result["mean"]
-
-    def row(label: str, key: str, base: str, of: str) -> str:
-        return (
-            f"| {label} | {med[key] * 1e6:,.1f} µs | {med[key] / med[base]:.2f}x {of} | "
-            f"{mean[key] * 1e6:,.1f} µs |"
-        )
-
-    spin, default = result["spin"], result["default_spin"]
-    floor, floor_mib = "pipe-floor/noop", "pipe-floor/1MiB"
-    idle = result["idle_core_fraction"]
+    med, spin = result["median"], result["spin"]
     lines = [
         f"collective_rpc, mp executor ({result['method']}), {result['cpus']} CPUs, load average "
         f"{', '.join(f'{x:.1f}' for x in result['load_average'])} at the end; every call timed, "
-        f"{result['rounds']} interleaved rounds; default spin window here: {default:g} s",
+        f"{result['rounds']} interleaved rounds; spin windows: "
+        + ", ".join(f"{k} {v:g} s" for k, v in spin.items() if v is not None),
         "",
-        "| case | median per call | ratio (medians) | mean per call |",
-        "|---|---|---|---|",
-        row("raw Pipe round trip to 2 children (floor)", floor, floor, "floor"),
-        row(f"no-op to 2 workers, shm (spin {default:g} s)", "shm/noop", floor, "floor"),
-        row(f"no-op to 2 workers, shm (spin {spin:g} s)", "shm-spin/noop", floor, "floor"),
-        row("no-op to 2 workers, pipe channel", "pipe/noop", floor, "floor"),
-        row("no-op to 8 workers, shm (default spin)", "shm-8/noop", "shm/noop", "2 workers"),
-        row("raw Pipe 1 MiB round trip to 2 children", floor_mib, floor_mib, "floor"),
-        row(f"1 MiB echo to 2 workers, shm (spin {default:g} s)", "shm/1MiB", "pipe/1MiB", "pipe"),
-        row(
-            f"1 MiB echo to 2 workers, shm (spin {spin:g} s)", "shm-spin/1MiB", "pipe/1MiB", "pipe"
-        ),
-        row("1 MiB echo to 2 workers, pipe channel", "pipe/1MiB", floor_mib, "floor"),
+        "| case | median per call | ratio |",
+        "|---|---|---|",
     ]
-    per_round = result["per_round_ratio"]
-    lines += [
-        f"| per-round ratio, no-op shm (spin {default:g} s) / floor: lowest, highest | "
-        f"{min(per_round['noop']):.2f}x, {max(per_round['noop']):.2f}x | | |",
-        f"| per-round ratio, 1 MiB echo shm (spin {default:g} s) / pipe channel: lowest, highest | "
-        f"{min(per_round['1MiB']):.2f}x, {max(per_round['1MiB']):.2f}x | | |",
-    ]
-    for name, label in (("shm", f"spin {default:g} s"), ("shm-spin", f"spin {spin:g} s")):
-        lines.append(
-            f"| idle shm worker CPU over {IDLE_SECONDS:g} s after the window ({label}) | "
-            + ", ".join(f"{f * 100:.2f}%" for f in idle[name])
-            + " of a core | | |"
-        )
+    for name, value in med.items():
+        group, what = name.split("/")
+        base = _base_of(group, what, med)
+        ratio = f"x{value / med[base]:.2f} {base}" if base else ""
+        lines.append(f"| {name} | {value * 1e6:,.1f} µs | {ratio} |")
+    idle = result["idle_core_fraction"]
+    for name, fractions in idle.items():
+        shown = ", ".join(f"{f * 100:.2f}%" for f in fractions)
+        lines.append(f"| idle {name} workers, CPU over {IDLE_SECONDS:g} s | {shown} of a core | |")
+    lines += ["", "Targets:", ""]
+    for target in result["targets"]:
+        status = {True: "PASS", False: "MISS", None: "N/A"}[target["passed"]]
+        lines.append(f"- **{status}** {target['name']}: {target['detail']}")
     return "\n".join(lines)
+
+
+def _base_of(group: str, what: str, med: dict[str, float]) -> str | None:
+    """What a case is compared with: the floor of its size, the named no-op, the pipe."""
+    if group == "shm-1" and not what.startswith("noop"):
+        return f"floor/{what.split('-')[0]}"
+    if group == "shm-1" and what == "noop-lambda":
+        return "shm-1/noop-named"
+    if group.startswith("shm-") and group != "shm-1":
+        return f"pipe-{group.split('-')[1]}/{what}"
+    return None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--method", default="fork", choices=("fork", "spawn", "forkserver"))
-    parser.add_argument(
-        "--spin", type=float, default=0.0, help="rpc_spin of the second shm contender"
-    )
     parser.add_argument("--out", help="write every sample as JSON here")
+    parser.add_argument("--baseline", help="the --out JSON of an earlier run to compare with")
     args = parser.parse_args()
-    result = measure(args.rounds, args.method, args.spin)
+    result = measure(args.rounds, args.method)
+    baseline = None
+    if args.baseline:
+        with open(args.baseline) as earlier:
+            baseline = json.load(earlier)
+    result["targets"] = targets(result, baseline)
     print(report(result))
     if args.out:
         with open(args.out, "w") as out:

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import cloudpickle
 
+from hwlaunch.executor._callable_cache import pickled_once
 from hwlaunch.executor._picklecheck import check_picklable
 from hwlaunch.executor._setup import run_worker_setup
 from hwlaunch.plan import Plan
@@ -168,12 +169,13 @@ def start_worker(
 
 
 def encode_method(method: str | Callable[..., Any]) -> str | bytes:
-    """A method name stays a name; a callable travels by value."""
+    """A method name stays a name; a callable travels by value, pickled once while what it
+    holds stays the same (``hwlaunch.executor._callable_cache``)."""
     if isinstance(method, str):
         return method
     if not callable(method):
         raise TypeError(f"method must be a worker method name or a callable, got {method!r}")
-    return by_value(method)
+    return pickled_once(method, by_value)
 
 
 def method_label(method: str | Callable[..., Any]) -> str:
@@ -182,7 +184,7 @@ def method_label(method: str | Callable[..., Any]) -> str:
 
 def call(
     worker: Worker,
-    method: str | bytes,
+    method: str | bytes | Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
@@ -191,13 +193,16 @@ def call(
     """Run one RPC on the worker: a named method, or ``fn(worker, *args, **kwargs)``.
 
     ``own_process``: the worker is a process of its own, whose ``__main__`` may adopt the
-    callable's ``__main__`` functions (see :func:`adopt_main_objects`).
+    callable's ``__main__`` functions (see :func:`adopt_main_objects`). A callable given as
+    itself (one a worker kept from an earlier call) was adopted when it was unpickled.
     """
     if isinstance(method, bytes):
         fn = cloudpickle.loads(method)
         if own_process:
             adopt_main_objects(fn)
         return fn(worker, *args, **kwargs)
+    if not isinstance(method, str):
+        return method(worker, *args, **kwargs)
     target = getattr(worker, method, None)
     if target is None or method.startswith("_") or not callable(target):
         raise AttributeError(
@@ -230,28 +235,36 @@ def adopt_main_objects(fn: Any) -> None:
 
 
 def answer(
-    worker: Worker | None, payload: bytes | memoryview, *prefix: Any, keep_value: bool = True
-) -> bytes:
+    worker: Worker | None,
+    payload: Any,
+    *prefix: Any,
+    keep_value: bool = True,
+    decode: Callable[[Any], Request] | None = None,
+    encode: Callable[[tuple[Any, ...]], Any] | None = None,
+) -> Any:
     """Run one encoded request on the worker and encode the reply ``(*prefix, ok, value)``.
 
     An exception from the call, and a result that cannot be pickled, come back as a Failure
     (the caller's WorkerError), so the channel always carries an answer. With ``keep_value``
     false a successful call's value stays here and None travels (the caller asked for another
-    rank's result only).
+    rank's result only). ``decode`` and ``encode`` default to :func:`loads` and :func:`dumps`
+    (the mp executor brings its own, which keep buffers apart).
     """
+    decode = decode or loads
+    encode = encode or dumps
     try:
         if worker is None:
             raise RuntimeError("the worker did not start")
-        method, args, kwargs = loads(payload)
+        method, args, kwargs = decode(payload)
         value = call(worker, method, args, kwargs, own_process=True)
         reply: tuple[Any, ...] = (*prefix, True, value if keep_value else None)
     except Exception as exc:
         reply = (*prefix, False, Failure.current(exc))
     flush_output()
     try:
-        return dumps(reply)
+        return encode(reply)
     except Exception as exc:
-        return dumps((*prefix, False, Failure.current(exc)))
+        return encode((*prefix, False, Failure.current(exc)))
 
 
 def flush_output() -> None:

@@ -39,8 +39,10 @@ from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor._stacks import start_stack_thread
 from hwlaunch.executor.mp import _driver_death as driver_death
 from hwlaunch.executor.mp import _process_tree as process_tree
-from hwlaunch.executor.mp._messages import SHUTDOWN, parse_request
-from hwlaunch.executor.mp._shm_channel import ShmEndpoint
+from hwlaunch.executor.mp._callables import CallReader
+from hwlaunch.executor.mp._messages import SHUTDOWN
+from hwlaunch.executor.mp._pipe_channel import Endpoint
+from hwlaunch.executor.mp._wire import encode_reply
 from hwlaunch.plan import Plan
 
 PR_SET_PDEATHSIG = 1
@@ -155,7 +157,7 @@ def worker_main(
     env: dict[str, str],
     replace_environ: bool,
     conn: Connection,
-    channel: Connection | ShmEndpoint,
+    channel: Endpoint,
     stacks: Connection,
     death_r: Connection,
     inherited_fds: tuple[int, ...],
@@ -245,23 +247,27 @@ def _fail_startup(conn: Connection, failure: Failure) -> NoReturn:
     os._exit(1)  # not reached: another path is ending the process
 
 
-def serve(worker: Any, rank: int, channel: Connection | ShmEndpoint) -> bool:
+def serve(worker: Any, rank: int, channel: Endpoint) -> bool:
     """Answer requests (``hwlaunch.executor.mp._messages``) with ``(rpc_id, ok, value)``;
     return True when told to shut down, False when the channel ended (the parent is gone).
 
-    ``channel`` is this rank's pipe or its shared-memory endpoint; both read and write whole
+    ``channel`` is this rank's end of the pipe or shared-memory channel; both give whole
     messages. With a ``reply_rank`` other than this rank, the value stays here (None travels).
     """
+    reader = CallReader()
     while True:
         try:
-            kind, rpc_id, reply_rank, payload = parse_request(channel.recv_bytes())
+            kind, rpc_id, reply_rank, request = reader.next(channel)
         except (EOFError, OSError):
             return False
         if kind == SHUTDOWN:
             try:
                 worker.shutdown()
             finally:
-                channel.send_bytes(pickle.dumps((rpc_id, True, None)))
+                channel.send(encode_reply((rpc_id, True, None)))
             return True
         keep = reply_rank is None or reply_rank == rank
-        channel.send_bytes(answer(worker, payload, rpc_id, keep_value=keep))
+        reply = answer(
+            worker, request, rpc_id, keep_value=keep, decode=reader.take, encode=encode_reply
+        )
+        channel.send(reply)

@@ -25,8 +25,9 @@ from multiprocessing.util import Finalize
 from typing import Any
 
 from hwlaunch.errors import WorkerDiedError, WorkerStartupError, describe_exitcode
+from hwlaunch.executor._callable_cache import CachedPickle
 from hwlaunch.executor._mainprep import main_entry, withholding_main
-from hwlaunch.executor._runtime import Failure, Request, dumps, loads
+from hwlaunch.executor._runtime import Failure, Request
 from hwlaunch.executor.base import (
     Executor,
     StatusCallback,
@@ -44,8 +45,9 @@ from hwlaunch.executor.mp._messages import CALL, request_head
 from hwlaunch.executor.mp._output_pipes import OutputPipes
 from hwlaunch.executor.mp._pipe_channel import open_channel
 from hwlaunch.executor.mp._quiet_fork import quiet_own_fork
-from hwlaunch.executor.mp._shm_channel import ChannelLost, ShmChannel
+from hwlaunch.executor.mp._shm_channel import ChannelLost, Message, ShmChannel
 from hwlaunch.executor.mp._stack_requests import request_stacks
+from hwlaunch.executor.mp._wire import decode_reply, encode
 from hwlaunch.plan import Plan
 
 __all__ = ["MultiprocExecutor"]
@@ -67,16 +69,6 @@ def _global_start_method_kept() -> Iterator[None]:
     finally:
         if was_unset:
             default._actual_context = None
-
-
-def _decode_reply(data: bytes | memoryview) -> tuple[int | None, bool, Any]:
-    """``(rpc_id, ok, value)``; a reply that cannot be unpickled here (e.g. a result whose class
-    the parent cannot import) is a Failure of the call it answers."""
-    try:
-        reply: tuple[int, bool, Any] = loads(data)
-        return reply
-    except Exception as exc:
-        return None, False, Failure.current(exc)
 
 
 def _is_terminal(stream: Any) -> bool:
@@ -282,7 +274,10 @@ class MultiprocExecutor(Executor):
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         group = self._group
-        payload = dumps(request)
+        method = request[0]
+        # A cached callable travels apart, in the header (by digest once the workers hold it).
+        cached = type(method) is CachedPickle
+        payload = encode((None, *request[1:]) if cached else request)
         if group.state.closed:
             group.await_cleanup()
         with group.lock:
@@ -291,7 +286,9 @@ class MultiprocExecutor(Executor):
             group.rpc_thread = threading.get_ident()
         try:
             self._rpc_id = rpc_id = self._rpc_id + 1
-            head = request_head(CALL, rpc_id, reply_rank)
+            assert group.channel is not None
+            held = group.channel.callables.reference(method)
+            head = request_head(CALL, rpc_id, reply_rank, *held)
             replies = self._send_and_collect(rpc_id, head, payload, label, timeout)
             self._output.sync()  # what the call printed, before the caller's next line
             return replies
@@ -299,7 +296,7 @@ class MultiprocExecutor(Executor):
             group.leave_rpc()
 
     def _send_and_collect(
-        self, rpc_id: int, head: bytes, payload: bytes, label: str, timeout: float | None
+        self, rpc_id: int, head: bytes, payload: Message, label: str, timeout: float | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         """Send the request to every rank and take their replies, in whatever order they come.
 
@@ -326,7 +323,7 @@ class MultiprocExecutor(Executor):
                 if remaining <= 0:
                     raise self.timed_out(label, pending, timeout)
             try:
-                replies, ended = channel.receive(pending, remaining, sentinels, _decode_reply)
+                replies, ended = channel.receive(pending, remaining, sentinels, decode_reply)
             except ChannelLost as lost:
                 raise self._lost(lost.rank, label) from None
             for rank, (reply_id, ok, value) in replies:  # replies first: one may answer, then end

@@ -1,26 +1,54 @@
 """What the mp executor's requests look like on either channel: a fixed header, then the call.
 
-The header is read with one ``struct`` call (no unpickling) and the call itself, pickled once
-by the parent, is unpickled once by the worker, inside the code that turns its failures into the
-caller's WorkerError.
+The header is read with one ``struct`` call (no unpickling): the kind, the call id, the rank
+whose result travels back, and the callable's digest with its pickled form when the workers
+do not hold it yet (a callable they hold travels as its digest alone: see
+``hwlaunch.executor.mp._callables``). The header is padded to 64 bytes, so that the call
+itself (``hwlaunch.executor.mp._wire``, decoded by the worker inside the code that turns its
+failures into the caller's WorkerError) starts on a cache line.
 """
 
 from __future__ import annotations
 
 import struct
 
-__all__ = ["CALL", "REQUEST", "SHUTDOWN", "parse_request", "request_head"]
+from hwlaunch.executor.mp._wire import align
 
-REQUEST = struct.Struct("<cQq")  # kind, rpc id, the rank whose result travels back (-1: all)
+__all__ = ["CALL", "NO_CALLABLE", "REQUEST", "SHUTDOWN", "parse_request", "request_head"]
+
+# kind, rpc id, the rank whose result travels back (-1: all), callable digest, pickled length
+REQUEST = struct.Struct("<cQq16sI")
+_PADDED = struct.Struct(f"<cQq16sI{align(REQUEST.size) - REQUEST.size}x")  # one cache line
 CALL = b"c"
 SHUTDOWN = b"s"
+NO_CALLABLE = bytes(16)  # the digest field of a call by method name (or an uncached callable)
 
 
-def request_head(kind: bytes, rpc_id: int, reply_rank: int | None) -> bytes:
-    return REQUEST.pack(kind, rpc_id, -1 if reply_rank is None else reply_rank)
+def request_head(
+    kind: bytes,
+    rpc_id: int,
+    reply_rank: int | None,
+    digest: bytes = NO_CALLABLE,
+    pickled: bytes = b"",
+) -> bytes:
+    """The header, with ``pickled`` (the callable, the first time) after it, padded."""
+    rank = -1 if reply_rank is None else reply_rank
+    if not pickled:  # the usual call: one struct call
+        return _PADDED.pack(kind, rpc_id, rank, digest, 0)
+    size = REQUEST.size + len(pickled)
+    fixed = REQUEST.pack(kind, rpc_id, rank, digest, len(pickled))
+    return b"".join((fixed, pickled, bytes(align(size) - size)))
 
 
-def parse_request(message: bytes) -> tuple[bytes, int, int | None, memoryview]:
-    """``(kind, rpc_id, reply_rank, payload)``; the payload is a view, not a copy."""
-    kind, rpc_id, reply_rank = REQUEST.unpack_from(message)
-    return kind, rpc_id, None if reply_rank < 0 else reply_rank, memoryview(message)[REQUEST.size :]
+def parse_request(
+    message: memoryview,
+) -> tuple[bytes, int, int | None, bytes, memoryview | None, memoryview]:
+    """``(kind, rpc_id, reply_rank, digest, pickled, call)``; the last two are views of the
+    message, not copies (``pickled`` is None unless the callable travels whole)."""
+    kind, rpc_id, reply_rank, digest, length = REQUEST.unpack_from(message)
+    rank = None if reply_rank < 0 else reply_rank
+    if not length:
+        return kind, rpc_id, rank, digest, None, message[_PADDED.size :]
+    start = REQUEST.size
+    pickled = message[start : start + length]
+    return kind, rpc_id, rank, digest, pickled, message[align(start + length) :]

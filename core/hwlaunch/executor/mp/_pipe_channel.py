@@ -1,9 +1,11 @@
 """The pipe RPC channel, and the choice between it and the shared-memory one.
 
 Both channels offer the mp executor the same three operations (send one request to every rank,
-receive the replies that have arrived, close), so the executor's call logic does not depend on
-which one carries the bytes. The pipe channel writes the request into each rank's pipe; it is
-the portable one, and the one to compare against.
+receive the replies that have arrived, close), and their worker ends the same two (``recv``,
+``send``), so the executor's call logic and the worker's loop do not depend on which one
+carries the bytes. The pipe channel writes the request into each rank's pipe; it is the
+portable one, and the one to compare against. A frame (``hwlaunch.executor.mp._wire``) is
+laid out once into one buffer for the pipes, which take whole messages.
 """
 
 from __future__ import annotations
@@ -12,9 +14,28 @@ import os
 from collections.abc import Callable, Collection, Sequence
 from multiprocessing import connection
 from multiprocessing.connection import Connection
+from typing import Any
 
 from hwlaunch.channels import SPIN_WITH_FREE_CPUS
-from hwlaunch.executor.mp._shm_channel import Buffer, ChannelLost, ShmChannel, ShmEndpoint, T
+from hwlaunch.executor.mp._callables import SentCallables
+from hwlaunch.executor.mp._shm_channel import (
+    ChannelLost,
+    Message,
+    ShmChannel,
+    ShmEndpoint,
+    T,
+)
+from hwlaunch.executor.mp._wire import Frame
+
+
+def _whole(head: bytes, data: Message) -> Any:
+    if isinstance(data, Frame):
+        out = data.to_bytes() if not head else bytearray(len(head) + data.size)
+        if head:
+            out[: len(head)] = head
+            data.write_into(out, len(head))
+        return out
+    return head + data if head else data
 
 
 class PipeChannel:
@@ -22,21 +43,22 @@ class PipeChannel:
 
     def __init__(self) -> None:
         self.conns: list[Connection] = []
+        self.callables = SentCallables()
 
-    def endpoint(self, rank: int, conn: Connection) -> Connection:
-        return conn
+    def endpoint(self, rank: int, conn: Connection) -> PipeEndpoint:
+        return PipeEndpoint(conn)
 
     def child_fds(self, rank: int) -> tuple[int, ...]:
         return ()
 
     def send(
         self,
-        data: Buffer,
+        data: Message,
         alive: Callable[[], None],
         deadline: float | None = None,
         head: bytes = b"",
     ) -> None:
-        message = head + data if head else data
+        message = _whole(head, data)
         for rank, conn in enumerate(self.conns):
             try:
                 conn.send_bytes(message)
@@ -48,7 +70,7 @@ class PipeChannel:
         pending: Collection[int],
         timeout: float | None,
         sentinels: Sequence[int],
-        decode: Callable[[Buffer], T],
+        decode: Callable[[memoryview], T],
     ) -> tuple[list[tuple[int, T]], list[int]]:
         by_conn = {id(self.conns[rank]): rank for rank in pending}
         ready = connection.wait([self.conns[r] for r in pending] + list(sentinels), timeout)
@@ -63,11 +85,25 @@ class PipeChannel:
                 data = self.conns[rank].recv_bytes()
             except (EOFError, OSError):
                 raise ChannelLost(rank) from None
-            replies.append((rank, decode(data)))
+            replies.append((rank, decode(memoryview(data))))
         return replies, ended
 
     def close(self) -> None:
         """The pipes are the executor's; they are closed with its other descriptors."""
+
+
+class PipeEndpoint:
+    """A worker's end of the pipe channel, with the shared-memory endpoint's operations."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def recv(self) -> memoryview:
+        """The next message. EOFError when the parent is gone."""
+        return memoryview(self.conn.recv_bytes())
+
+    def send(self, data: Message) -> None:
+        self.conn.send_bytes(_whole(b"", data))
 
 
 def _cpus() -> int:
@@ -78,7 +114,7 @@ def _cpus() -> int:
 
 
 Channel = PipeChannel | ShmChannel
-Endpoint = Connection | ShmEndpoint
+Endpoint = PipeEndpoint | ShmEndpoint
 
 
 def open_channel(kind: str, world_size: int, spin: float | None) -> Channel:

@@ -22,19 +22,17 @@ written after the data; a reader waits for that byte, and its reply carries the 
 writer reuses a chunk once every reader's consumed byte shows that it took the message before.
 Nothing is ever cleared, so a message costs one flag store on each side.
 
-A message that does not fit goes through the rank's pipe instead, with a length marker in the
-ring or slot; that is the pipe channel's cost, so large payloads are never slower than with pipes.
+A message larger than a chunk (or a reply larger than a slot) goes into a *spill* file instead:
+one more anonymous memory file per direction (the parent's requests; each rank's replies),
+grown to the largest message it carried and kept mapped, so a large payload is copied once
+into shared memory, never through a pipe. Its length in the ring or slot carries ``SPILLED``.
+A reader decodes a message where it lies and marks it consumed with its answer; the writer
+spills again only once every reader has taken the message before.
 
-Waiting: a party polls (with ``sched_yield``) for ``spin`` seconds (none after it sent more than
-``SPIN_MAX_BYTES``, and none for a while after a yield showed that another task needed the CPU:
-see ``Spinner``), then sets its sleeping byte, checks once more and blocks on its wake pipe;
-whoever publishes checks the sleeping bytes after publishing and writes a byte to the wake pipe
-of each sleeper. The store of the flag and the load of the other side's flag are separated by a
-full memory fence on both sides (a lock round trip: an atomic read-modify-write), so a wake-up is
-never lost; a bounded block is a second guard.
-
-Writer and readers never wait forever on each other: the parent's waits take a deadline and the
-worker processes' sentinels; a worker whose parent dies is ended by its death pipe.
+Waiting (``hwlaunch.executor.mp._shm_wait``): a party polls while the CPUs have room, then
+blocks on a wake pipe. Writer and readers never wait forever on each other: the parent's waits
+take a deadline and the worker processes' sentinels; a worker whose parent dies is ended by its
+death pipe.
 """
 
 from __future__ import annotations
@@ -46,52 +44,37 @@ import platform
 import select
 import struct
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
+from hwlaunch.executor.mp._callables import SentCallables
+from hwlaunch.executor.mp._shm_wait import Spinner, drain, fence, sleep_until, wake, wake_pipe
+from hwlaunch.executor.mp._wire import Frame
+
+__all__ = ["CHUNK_BYTES", "ChannelLost", "ShmChannel", "ShmEndpoint", "Spinner"]
+
 T = TypeVar("T")
-Buffer = bytes | memoryview
+_now = time.monotonic
+Buffer = bytes | bytearray | memoryview
+Message = Buffer | Frame
 
 CHUNK_BYTES = 4 * 1024 * 1024
 CHUNKS = 4
 SLOT_BYTES = 4 * 1024 * 1024
-BLOCK_STEP = 0.1  # the longest a blocked party sleeps before it looks again (a second guard)
-# Polling pays only when the answer comes within microseconds. A side that has just handed over
-# a larger message knows the answer will take at least the time to decode it: it blocks at once
-# (and leaves the CPU to whoever decodes).
-SPIN_MAX_BYTES = 64 * 1024
-# A yield that gives the CPU away for longer than this means that another task needed it for a
-# time slice (the scheduler's smallest is 0.75 ms; a woken worker's first round takes up to
-# ~0.2 ms here): polling would cost that task a slice per round, so the waiting side blocks
-# instead, and polls again only after QUIET_AFTER_CONTENTION seconds.
-CONTENDED_YIELD = 500e-6
-QUIET_AFTER_CONTENTION = 0.25
-COPY_MAX_BYTES = 64 * 1024  # a reply up to this size is copied out; a larger one decoded in place
+COPY_MAX_BYTES = (
+    4096  # a reply up to this size is copied out at once; a larger one decoded in place
+)
 
 LINE = 64  # one cache line, so that parties polling different flags do not share one
 _LEN = struct.Struct("<Q")
 LENGTH_AT = 8  # in a chunk or slot header: the sequence byte at 0, the length here
-OVERFLOW = (1 << 64) - 1  # length marker: the message travels through the rank's pipe
+SPILLED = 1 << 63  # length flag: the message lies in the spill file, from its start
 
-_fence_lock = threading.Lock()
 # x86 keeps stores in order and loads in order: data written before a flag is seen before it.
 _TOTAL_STORE_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
-_sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
-_now = time.monotonic
-
-
-def _fence() -> None:
-    """A full memory barrier: acquiring a lock is an atomic read-modify-write.
-
-    Needed between storing one's own sleeping flag and loading the other side's message flag
-    (and the reverse): every CPU, x86 included, may let that load pass that store.
-    """
-    with _fence_lock:
-        pass
 
 
 class ChannelLost(Exception):
@@ -131,24 +114,48 @@ def _anonymous_file(size: int, name: str) -> int:
     return fd
 
 
-def _wake_pipe() -> tuple[int, int]:
-    """A pipe whose ends never block: a full pipe already wakes its reader."""
-    r, w = os.pipe()
-    os.set_blocking(r, False)
-    os.set_blocking(w, False)
-    return r, w
+def _size(message: Message) -> int:
+    return message.size if isinstance(message, Frame) else len(message)
 
 
-def _wake(fd: int) -> None:
-    with contextlib.suppress(BlockingIOError, BrokenPipeError, OSError):
-        os.write(fd, b"\0")
+def _put(memory: Any, at: int, head: bytes, message: Message) -> None:
+    """``head``, then the message, at ``memory[at:]``."""
+    start = at + len(head)
+    if head:
+        memory[at:start] = head
+    if isinstance(message, Frame):
+        message.write_into(memory, start)
+    else:
+        memory[start : start + len(message)] = message
 
 
-def _drain(fd: int) -> None:
-    """Empty a wake pipe: one read, unless it came back full."""
-    with contextlib.suppress(BlockingIOError, OSError):
-        while len(os.read(fd, 4096)) == 4096:
-            pass
+class Spill:
+    """A memory file for messages larger than a chunk: grown (never shrunk) to the largest
+    message, and kept mapped, so that its pages stay in place from one message to the next."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.mm: mmap.mmap | None = None
+
+    def memory(self, size: int, *, grow: bool) -> mmap.mmap:
+        """A mapping of at least ``size`` bytes; ``grow``: the writer's, which extends the
+        file (by doubling, so that a growing payload is remapped a few times only)."""
+        if self.mm is not None and len(self.mm) >= size:
+            return self.mm
+        length = os.fstat(self.fd).st_size
+        if grow and length < size:
+            length = max(size, 2 * length)
+            length = (length + mmap.PAGESIZE - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+            os.ftruncate(self.fd, length)
+        self.close_map()
+        self.mm = mmap.mmap(self.fd, length)
+        return self.mm
+
+    def close_map(self) -> None:
+        if self.mm is not None:
+            with contextlib.suppress(BufferError):  # a view still out: the mapping goes with it
+                self.mm.close()
+            self.mm = None
 
 
 class Geometry:
@@ -179,71 +186,6 @@ def _round_up(n: int) -> int:
     return (n + LINE - 1) // LINE * LINE
 
 
-def _sleep_until(
-    ready: Callable[[], bool],
-    mm: mmap.mmap,
-    sleeping_at: int,
-    block: Callable[[float], bool],
-    deadline: float | None,
-) -> bool:
-    """Block (the sleeping byte set) until ``ready()``; False when ``deadline`` passed first.
-
-    ``block(seconds)`` sleeps until woken (True means: stop waiting, something else happened).
-    """
-    mm[sleeping_at] = 1
-    try:
-        while True:
-            _fence()
-            if ready():
-                return True
-            wait = BLOCK_STEP
-            if deadline is not None:
-                wait = min(wait, deadline - _now())
-                if wait <= 0:
-                    return False
-            if block(wait):
-                return True
-    finally:
-        mm[sleeping_at] = 0
-
-
-class Spinner:
-    """One party's polling policy: poll while the CPU is free for it, block otherwise.
-
-    Polling yields the CPU on every round (``sched_yield``), so that a party that shares a CPU
-    with the one it waits for lets it run. When a yield comes back late, another task needed
-    the CPU; polling then costs that task a time slice per round, so this party stops polling
-    (the wait blocks) for ``QUIET_AFTER_CONTENTION`` seconds.
-    """
-
-    def __init__(self, window: float) -> None:
-        self.window = window
-        self.quiet_until = 0.0  # no polling before this time (monotonic)
-
-    def poll(self, mm: mmap.mmap, flags: Sequence[int], seq: int, deadline: float | None) -> bool:
-        """Poll until every byte at ``flags`` is ``seq``, for the window (or until
-        ``deadline``); False: block now."""
-        now = _now()
-        if self.window <= 0 or now < self.quiet_until:
-            return False
-        end = now + self.window
-        if deadline is not None and deadline < end:
-            end = deadline
-        while True:
-            _sched_yield()
-            for at in flags:
-                if mm[at] != seq:
-                    break
-            else:
-                return True
-            last, now = now, _now()
-            if now - last > CONTENDED_YIELD:
-                self.quiet_until = now + QUIET_AFTER_CONTENTION
-                return False
-            if now >= end:
-                return False
-
-
 # -- the parent's side -----------------------------------------------------------------------
 class ShmChannel:
     """The writer: broadcasts requests, gathers replies. Used by one RPC thread at a time."""
@@ -260,15 +202,18 @@ class ShmChannel:
         self.geometry = g = Geometry(readers, chunk_bytes, chunks, slot_bytes)
         self.spin = spin
         self._spinner = Spinner(spin)
-        self.conns: list[Connection] = []  # the ranks' pipes, for what does not fit
-        self._fd = _anonymous_file(g.size, f"hwlaunch-{os.getpid()}-rpc")
+        self.conns: list[Connection] = []  # the ranks' pipes (kept for the executor's watch)
+        self.callables = SentCallables()  # the callables every worker holds
+        name = f"hwlaunch-{os.getpid()}-rpc"
+        self._fd = _anonymous_file(g.size, name)
         self.mm = mmap.mmap(self._fd, g.size)
-        self._wake_r, self._wake_w = _wake_pipe()  # readers wake the parent
-        self._reader_wakes = [_wake_pipe() for _ in range(readers)]
+        self._spill = Spill(_anonymous_file(0, f"{name}-spill"))
+        self._reply_spills = [Spill(_anonymous_file(0, f"{name}-spill")) for _ in range(readers)]
+        self._wake_r, self._wake_w = wake_pipe()  # readers wake the parent
+        self._reader_wakes = [wake_pipe() for _ in range(readers)]
         self._sleeping = [(g.line(1 + r), w) for r, (_, w) in enumerate(self._reader_wakes)]
         self._consumed = [g.line(1 + r) + 1 for r in range(readers)]
         self._sent = 0  # messages sent so far; the last one's sequence byte is its low byte
-        self._last_size = 0  # of the last message sent
         self._poller: tuple[tuple[int, ...], Any] | None = None
         self._closed = False
 
@@ -277,63 +222,67 @@ class ShmChannel:
         g = self.geometry
         return ShmEndpoint(
             rank,
-            SharedFd(self._fd),
+            (SharedFd(self._fd), SharedFd(self._spill.fd), SharedFd(self._reply_spills[rank].fd)),
             (g.readers, g.chunk_bytes, g.chunks, g.slot_bytes),
             SharedFd(self._reader_wakes[rank][0]),
             SharedFd(self._wake_w),
             self.spin,
-            conn,
         )
 
     def child_fds(self, rank: int) -> tuple[int, ...]:
         """Descriptors a forked worker ``rank`` inherits but must not keep."""
         others = [r for i, (r, _) in enumerate(self._reader_wakes) if i != rank]
-        return (self._wake_r, *others, *(w for _, w in self._reader_wakes))
+        spills = [s.fd for i, s in enumerate(self._reply_spills) if i != rank]
+        return (self._wake_r, *others, *(w for _, w in self._reader_wakes), *spills)
 
     # writing
     def send(
         self,
-        data: Buffer,
+        data: Message,
         alive: Callable[[], None],
         deadline: float | None = None,
         head: bytes = b"",
     ) -> None:
         """Write one message, ``head + data``, for every reader; ``alive()`` raises when a
-        reader is gone. A message larger than a chunk is marked in the ring and written to each
-        rank's pipe.
-        """
+        reader is gone. A message larger than a chunk goes into the spill file."""
         g, mm = self.geometry, self.mm
         n = self._sent + 1
         self._wait_free(n, alive, deadline)
         at = g.chunk_at[n % g.chunks]
-        size = len(head) + len(data)
-        big = size > g.chunk_bytes
-        _LEN.pack_into(mm, at + LENGTH_AT, OVERFLOW if big else size)
-        if not big:
-            start = at + LINE + len(head)
-            mm[at + LINE : start] = head
-            mm[start : start + len(data)] = data
+        size = len(head) + _size(data)
+        if size <= g.chunk_bytes:
+            _put(mm, at + LINE, head, data)
+            _LEN.pack_into(mm, at + LENGTH_AT, size)
+        else:
+            self._wait_taken(n - 1, alive, deadline)  # nobody still reads the spill file
+            _put(self._spill.memory(size, grow=True), 0, head, data)
+            _LEN.pack_into(mm, at + LENGTH_AT, size | SPILLED)
         if not _TOTAL_STORE_ORDER:
-            _fence()  # the message is in memory before its sequence byte says so
+            fence()  # the message is in memory before its sequence byte says so
         mm[at] = n & 0xFF
-        self._sent, self._last_size = n, size
-        with _fence_lock:  # a full fence (see _fence)
-            pass
+        self._sent = n
+        fence()
         for line, wake_w in self._sleeping:
             if mm[line]:
-                _wake(wake_w)
-        if big:
-            message = head + data
-            for rank, conn in enumerate(self.conns):
-                try:
-                    conn.send_bytes(message)
-                except OSError:
-                    raise ChannelLost(rank) from None
+                wake(wake_w)
 
     def _wait_free(self, n: int, alive: Callable[[], None], deadline: float | None) -> None:
         """Return once every reader took the message before ``n`` in its chunk."""
-        mm, chunks, step = self.mm, self.geometry.chunks, 0.0001
-        while any((n - mm[at]) & 0xFF > chunks for at in self._consumed):
+        mm, chunks = self.mm, self.geometry.chunks
+        for at in self._consumed:  # the usual case, looked at without a helper
+            if (n - mm[at]) & 0xFF > chunks:
+                self._wait(lambda at: (n - mm[at]) & 0xFF > chunks, alive, deadline)
+                return
+
+    def _wait_taken(self, n: int, alive: Callable[[], None], deadline: float | None) -> None:
+        """Return once every reader took message ``n`` (and so every one before it)."""
+        self._wait(lambda at: self.mm[at] != n & 0xFF, alive, deadline)
+
+    def _wait(
+        self, behind: Callable[[int], bool], alive: Callable[[], None], deadline: float | None
+    ) -> None:
+        step = 0.0001
+        while any(behind(at) for at in self._consumed):
             alive()
             if deadline is not None and _now() >= deadline:
                 raise TimeoutError("a reader did not take an earlier message in time")
@@ -346,14 +295,15 @@ class ShmChannel:
         pending: Collection[int],
         timeout: float | None,
         sentinels: Sequence[int],
-        decode: Callable[[Buffer], T],
+        decode: Callable[[memoryview], T],
     ) -> tuple[list[tuple[int, T]], list[int]]:
-        """Replies ``(rank, decode(data))`` to the last message that have arrived from
+        """Replies ``(rank, decode(view))`` to the last message that have arrived from
         ``pending`` ranks, and the ``sentinels`` that became ready; both empty when ``timeout``
         passed first.
 
-        Polls for ``spin`` seconds until every pending rank answered, then blocks on the wake
-        pipe and the sentinels until one more does. ``decode`` must not raise.
+        Polls while the CPUs have room until every pending rank answered, then blocks on the
+        wake pipe and the sentinels until one more does. ``decode`` must not raise; the view
+        it gets is valid only during the call.
         """
         mm, slot_at, seq = self.mm, self.geometry.slot_at, self._sent & 0xFF
         ended: list[int] = []
@@ -363,26 +313,26 @@ class ShmChannel:
                 break
         replies = []
         if not _TOTAL_STORE_ORDER:
-            _fence()  # nothing of a reply is read before its sequence byte
+            fence()  # nothing of a reply is read before its sequence byte
         for rank in pending:
             at = slot_at[rank]
-            if mm[at] != seq:
-                continue
-            (length,) = _LEN.unpack_from(mm, at + LENGTH_AT)
-            if length <= COPY_MAX_BYTES:  # one allocation is cheaper than a view
-                value = decode(mm[at + LINE : at + LINE + length])
-            elif length == OVERFLOW:
-                try:
-                    value = decode(self.conns[rank].recv_bytes())
-                except (EOFError, OSError):
-                    raise ChannelLost(rank) from None
-            else:  # decoded where it lies, not copied first
-                with memoryview(mm) as whole, whole[at + LINE : at + LINE + length] as view:
-                    value = decode(view)
-            replies.append((rank, value))
+            if mm[at] == seq:
+                replies.append((rank, self._decode(rank, at, decode)))
         if not replies and not ended and timeout is not None:
             ended += self._ready_sentinels(sentinels, 0)
         return replies, ended
+
+    def _decode(self, rank: int, at: int, decode: Callable[[memoryview], T]) -> T:
+        (length,) = _LEN.unpack_from(self.mm, at + LENGTH_AT)
+        if length & SPILLED:
+            length &= ~SPILLED
+            memory, start = self._reply_spills[rank].memory(length, grow=False), 0
+        elif length <= COPY_MAX_BYTES:  # one small allocation is cheaper than two views
+            return decode(memoryview(self.mm[at + LINE : at + LINE + length]))
+        else:
+            memory, start = self.mm, at + LINE
+        with memoryview(memory) as whole, whole[start : start + length] as view:
+            return decode(view)
 
     def _await(
         self,
@@ -396,20 +346,10 @@ class ShmChannel:
         deadline = None if timeout is None else _now() + timeout
         mm, slot_at = self.mm, self.geometry.slot_at
         flags = [slot_at[rank] for rank in pending]
-        if self._last_size <= SPIN_MAX_BYTES and self._spinner.poll(mm, flags, seq, deadline):
+        if self._spinner.poll(mm, flags, seq, deadline):
             return
-        if not any(mm[slot_at[rank]] == seq for rank in pending):
-            self._block(pending, seq, sentinels, deadline, ended)
-
-    def _block(
-        self,
-        pending: Collection[int],
-        seq: int,
-        sentinels: Sequence[int],
-        deadline: float | None,
-        ended: list[int],
-    ) -> None:
-        mm, slot_at = self.mm, self.geometry.slot_at
+        if any(mm[slot_at[rank]] == seq for rank in pending):
+            return
 
         def ready() -> bool:
             return any(mm[slot_at[rank]] == seq for rank in pending)
@@ -419,7 +359,7 @@ class ShmChannel:
             ended.extend(fired)
             return bool(fired)
 
-        _sleep_until(ready, mm, self.geometry.line(0), block, deadline)
+        sleep_until(ready, mm, self.geometry.line(0), block, deadline)
 
     def _ready_sentinels(
         self, sentinels: Sequence[int], seconds: float, *, wake: bool = False
@@ -434,7 +374,7 @@ class ShmChannel:
             self._poller = (fds, poller)
         events = self._poller[1].poll(seconds * 1000)
         if wake:
-            _drain(self._wake_r)
+            drain(self._wake_r)
         return [fd for fd, _ in events if fd != self._wake_r]
 
     def close(self) -> None:
@@ -444,7 +384,11 @@ class ShmChannel:
         self._closed = True
         self._poller = None
         self.mm.close()
-        for fd in (self._fd, self._wake_r, self._wake_w, *sum(self._reader_wakes, ())):
+        spills = [self._spill, *self._reply_spills]
+        for spill in spills:
+            spill.close_map()
+        fds = [self._fd, self._wake_r, self._wake_w, *sum(self._reader_wakes, ())]
+        for fd in fds + [spill.fd for spill in spills]:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
@@ -453,31 +397,29 @@ class ShmChannel:
 class ShmEndpoint:
     """A reader: takes each broadcast message in turn and answers into its own slot.
 
-    It reads and writes like the worker's end of a pipe (``recv_bytes``, ``send_bytes``), so
-    the worker's loop is the same for both channels.
+    ``recv()`` gives a message where it lies (a memoryview), ``send()`` writes a reply; the
+    pipe channel's endpoint offers the same, so the worker's loop is the same for both.
+    ``recv_bytes``/``send_bytes`` move whole byte strings, as a pipe's ends do.
     """
 
     def __init__(
         self,
         rank: int,
-        memory: SharedFd,
+        memory: tuple[SharedFd, SharedFd, SharedFd],
         geometry: tuple[int, int, int, int],
         wake_r: SharedFd,
         parent_wake_w: SharedFd,
         spin: float,
-        conn: Connection | None,
     ) -> None:
         self.rank = rank
-        self.memory = memory
+        self.memory = memory  # the ring, the request spill file, this rank's reply spill file
         self.geometry_args = geometry
         self.wake_r = wake_r
         self.parent_wake_w = parent_wake_w
         self.spin = spin
-        self.conn = conn
         self._mm: mmap.mmap | None = None
         self._poller: Any = None
         self._taken = 0  # messages taken so far
-        self._last_size = 0  # of the last reply sent
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__ | {"_mm": None, "_poller": None}
@@ -485,8 +427,10 @@ class ShmEndpoint:
     def _map(self) -> mmap.mmap:
         if self._mm is None:
             g = Geometry(*self.geometry_args)
-            self._mm = mmap.mmap(self.memory.fd, g.size)
-            os.close(self.memory.fd)  # the mapping keeps the memory
+            ring, spill, reply_spill = self.memory
+            self._mm = mmap.mmap(ring.fd, g.size)
+            os.close(ring.fd)  # the mapping keeps the memory
+            self._spill, self._reply_spill = Spill(spill.fd), Spill(reply_spill.fd)
             self._chunk_at, self._chunks, self._slot_bytes = g.chunk_at, g.chunks, g.slot_bytes
             self._line = g.line(1 + self.rank)
             self._slot = g.slot_at[self.rank]
@@ -495,55 +439,69 @@ class ShmEndpoint:
             self._spinner = Spinner(self.spin)
         return self._mm
 
-    def recv_bytes(self) -> bytes:
-        """The next message (blocking). EOFError when the pipe it had to come through ended."""
+    def recv(self) -> memoryview:
+        """The next message (blocking), a view until released; answering it (``send``) lets
+        the writer reuse its memory."""
         mm = self._mm or self._map()
         n = self._taken + 1
         seq, at = n & 0xFF, self._chunk_at[n % self._chunks]
         if mm[at] != seq:
             self._wait(at, seq)
         if not _TOTAL_STORE_ORDER:
-            _fence()
+            fence()
         (length,) = _LEN.unpack_from(mm, at + LENGTH_AT)
-        data = None if length == OVERFLOW else mm[at + LINE : at + LINE + length]
-        mm[self._line + 1] = seq  # consumed: the writer may reuse the chunk
         self._taken = n
-        if data is None:
-            assert self.conn is not None
-            data = self.conn.recv_bytes()  # EOFError / OSError when the parent is gone
+        if length & SPILLED:
+            length &= ~SPILLED
+            memory, start = self._spill.memory(length, grow=False), 0
+        else:
+            memory, start = mm, at + LINE
+        with memoryview(memory) as whole:
+            return whole[start : start + length]
+
+    def recv_bytes(self) -> bytes:
+        with self.recv() as message:
+            data = bytes(message)
+        self._mark_taken()
         return data
+
+    def _mark_taken(self) -> None:
+        """The writer may reuse the last message's chunk (and the spill file)."""
+        assert self._mm is not None
+        self._mm[self._line + 1] = self._taken & 0xFF
 
     def _wait(self, at: int, seq: int) -> None:
         mm = self._mm
         assert mm is not None
-        if self._last_size <= SPIN_MAX_BYTES and self._spinner.poll(mm, (at,), seq, None):
+        if self._spinner.poll(mm, (at,), seq, None):
             return
         poller = self._poller
 
         def block(seconds: float) -> bool:
             poller.poll(seconds * 1000)
-            _drain(self.wake_r.fd)
+            drain(self.wake_r.fd)
             return False
 
-        _sleep_until(lambda: mm[at] == seq, mm, self._line, block, None)
+        sleep_until(lambda: mm[at] == seq, mm, self._line, block, None)
 
-    def send_bytes(self, data: Buffer) -> None:
-        """Answer the last message taken (the parent reads each answer before it sends again,
-        so the slot is free)."""
+    def send(self, data: Message) -> None:
+        """Answer the last message taken, once its views are released (the parent reads each
+        answer before it sends again, so the slot and the reply spill file are free). The
+        message counts as taken from here: the parent sees that before the answer."""
         mm = self._mm or self._map()
-        at, size = self._slot, len(data)
-        big = size > self._slot_bytes
-        self._last_size = size
-        _LEN.pack_into(mm, at + LENGTH_AT, OVERFLOW if big else size)
-        if not big:
-            mm[at + LINE : at + LINE + size] = data
+        mm[self._line + 1] = self._taken & 0xFF
+        at, size = self._slot, _size(data)
+        if size <= self._slot_bytes:
+            _put(mm, at + LINE, b"", data)
+            _LEN.pack_into(mm, at + LENGTH_AT, size)
+        else:
+            _put(self._reply_spill.memory(size, grow=True), 0, b"", data)
+            _LEN.pack_into(mm, at + LENGTH_AT, size | SPILLED)
         if not _TOTAL_STORE_ORDER:
-            _fence()
+            fence()
         mm[at] = self._taken & 0xFF
-        with _fence_lock:  # a full fence (see _fence)
-            pass
+        fence()
         if mm[0]:  # the parent's sleeping byte
-            _wake(self.parent_wake_w.fd)
-        if big:
-            assert self.conn is not None
-            self.conn.send_bytes(data)
+            wake(self.parent_wake_w.fd)
+
+    send_bytes = send

@@ -79,7 +79,8 @@ class RankActor:
     def call(self, payload: bytes, keep_value: bool = True) -> bytes:
         """One RPC: ``(ok, result or Failure)``, pickled here so an unpicklable result is a
         WorkerError, as under the mp executor."""
-        return answer(self.worker, payload, keep_value=keep_value)
+        reply: bytes = answer(self.worker, payload, keep_value=keep_value)
+        return reply
 
     def collect_output(self, wait: float) -> list[tuple[int, bytes]]:
         """The rank's output since the last call (``hwlaunch.executor.ray._output``); runs in
