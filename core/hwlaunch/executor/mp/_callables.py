@@ -108,7 +108,7 @@ class CallReader:
         """The call ``(method or function, args, kwargs)``; raises what decoding raised."""
         message, digest, pickled, body = call
         try:
-            entry = self.kept.note(digest, pickled)
+            entry = None if digest == NO_CALLABLE else self.kept.note(digest, pickled)
             method, args, kwargs = decode(body)
         finally:
             if pickled is not None:
