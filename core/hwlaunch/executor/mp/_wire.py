@@ -37,6 +37,7 @@ from hwlaunch.executor._runtime import Failure
 
 __all__ = [
     "ALIGN",
+    "FRAME_BYTE",
     "Frame",
     "align",
     "decode",
@@ -50,7 +51,7 @@ Buffer = bytes | bytearray | memoryview
 ALIGN = 64
 _HEADER = struct.Struct("<cxxxIQ")  # FRAME, buffer count, stream length
 FRAME = b"F"  # a plain pickle (the usual small call or reply) starts with PROTO (0x80) instead
-_FRAME_BYTE = FRAME[0]
+FRAME_BYTE = FRAME[0]
 _BYTES = (bytes, bytearray)
 _ENTRY = struct.Struct("<QB")  # buffer length, 1: the rebuild function copies it itself
 # memoryview formats a received view can be cast back to (struct's native single characters).
@@ -348,7 +349,7 @@ def _buffers(view: memoryview, at: int, entries: list[tuple[int, int]]) -> Itera
 def decode(view: memoryview | bytes) -> Any:
     """The object a message body (``view``, from a 64-byte boundary, or a small one's copy)
     holds; views of ``view`` given out while decoding are released before this returns."""
-    if view[0] != _FRAME_BYTE:
+    if view[0] != FRAME_BYTE:
         return pickle.loads(view)
     if not isinstance(view, memoryview):
         view = memoryview(view)
@@ -379,7 +380,9 @@ def decode_reply(view: memoryview | bytes) -> tuple[int | None, bool, Any]:
     """``(rpc_id, ok, value)``; a reply that cannot be decoded here (e.g. a result whose class
     the parent cannot import) is a Failure of the call it answers."""
     try:
-        reply: tuple[int, bool, Any] = decode(view)
+        reply: tuple[int, bool, Any]
+        # A plain pickle (the usual small reply) without the call to decode().
+        reply = pickle.loads(view) if view[0] != FRAME_BYTE else decode(view)
         return reply
     except Exception as exc:
         return None, False, Failure.current(exc)
