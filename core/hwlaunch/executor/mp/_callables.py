@@ -13,6 +13,7 @@ not unpickle is tried again on the next call that names it.
 
 from __future__ import annotations
 
+import pickle
 from collections import OrderedDict
 from typing import Any, Protocol
 
@@ -21,7 +22,7 @@ import cloudpickle
 from hwlaunch.executor._callable_cache import CachedPickle
 from hwlaunch.executor._runtime import Request, adopt_main_objects
 from hwlaunch.executor.mp._messages import NO_CALLABLE, SHUTDOWN, parse_request
-from hwlaunch.executor.mp._wire import decode
+from hwlaunch.executor.mp._wire import FRAME_BYTE, decode
 
 __all__ = ["KEPT", "CallReader", "KeptCallables", "SentCallables"]
 
@@ -108,8 +109,9 @@ class CallReader:
         """The call ``(method or function, args, kwargs)``; raises what decoding raised."""
         message, digest, pickled, body = call
         try:
-            entry = self.kept.note(digest, pickled)
-            method, args, kwargs = decode(body)
+            entry = None if digest == NO_CALLABLE else self.kept.note(digest, pickled)
+            # A plain pickle (the usual small call) without the call to decode().
+            method, args, kwargs = pickle.loads(body) if body[0] != FRAME_BYTE else decode(body)
         finally:
             if pickled is not None:
                 pickled.release()

@@ -47,7 +47,7 @@ from hwlaunch.executor.mp._pipe_channel import open_channel
 from hwlaunch.executor.mp._quiet_fork import quiet_own_fork
 from hwlaunch.executor.mp._shm_channel import ChannelLost, Message, ShmChannel
 from hwlaunch.executor.mp._stack_requests import request_stacks
-from hwlaunch.executor.mp._wire import decode_reply, encode
+from hwlaunch.executor.mp._wire import decode_reply, encode_call
 from hwlaunch.plan import Plan
 
 __all__ = ["MultiprocExecutor"]
@@ -277,7 +277,7 @@ class MultiprocExecutor(Executor):
         method = request[0]
         # A cached callable travels apart, in the header (by digest once the workers hold it).
         cached = type(method) is CachedPickle
-        payload = encode((None, *request[1:]) if cached else request)
+        payload = encode_call((None, *request[1:]) if cached else request)
         if group.state.closed:
             group.await_cleanup()
         with group.lock:
@@ -287,8 +287,12 @@ class MultiprocExecutor(Executor):
         try:
             self._rpc_id = rpc_id = self._rpc_id + 1
             assert group.channel is not None
-            held = group.channel.callables.reference(method)
-            head = request_head(CALL, rpc_id, reply_rank, *held)
+            if cached:  # its digest (and its form, the first time); by name: nothing to look up
+                head = request_head(
+                    CALL, rpc_id, reply_rank, *group.channel.callables.reference(method)
+                )
+            else:
+                head = request_head(CALL, rpc_id, reply_rank)
             replies = self._send_and_collect(rpc_id, head, payload, label, timeout)
             self._output.sync()  # what the call printed, before the caller's next line
             return replies

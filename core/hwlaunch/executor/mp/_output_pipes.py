@@ -48,8 +48,10 @@ class OutputPipes:
         self._lock = threading.Lock()
         self._closed = False
         # sync(): bytes the thread has read and has forwarded, per descriptor, and a poll of the
-        # open ones; changed under _progress, so no descriptor is closed while sync() polls it.
-        self._progress = threading.Condition()
+        # open ones; changed under _progress, so no descriptor is closed while sync() polls it
+        # under it. A plain Lock, so that sync()'s first look can see whether the thread holds it.
+        self._progress_lock = threading.Lock()
+        self._progress = threading.Condition(self._progress_lock)
         self._read: dict[int, int] = {}
         self._forwarded: dict[int, int] = {}
         self._in_flight = 0  # bytes read and not yet forwarded
@@ -119,8 +121,18 @@ class OutputPipes:
 
     def sync(self, wait: float = SYNC_WAIT) -> None:
         """Return once what the workers had written by now is on the console: a call's
-        output comes before what the caller prints after it. Costs one poll when the pipes
-        are empty (the common case)."""
+        output comes before what the caller prints after it. Costs one poll and no lock when
+        the pipes are empty (the common case, once per RPC).
+
+        The first look takes no lock: the thread reads a chunk and counts it in flight under
+        the lock, so with the pipes empty at the poll, a free lock and nothing in flight after
+        it, everything read was forwarded. A descriptor the thread closed meanwhile (or a new
+        file under its number) only sends this to the careful path below, which polls again.
+        Only the RPC thread calls this (one poll at a time, as ``select.poll`` requires)."""
+        if self._thread is None:
+            return
+        if not self._pending.poll(0) and not self._progress_lock.locked() and not self._in_flight:
+            return
         with self._progress:
             if self._thread is None or self._closed:
                 return

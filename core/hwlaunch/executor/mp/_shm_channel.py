@@ -295,7 +295,7 @@ class ShmChannel:
         pending: Collection[int],
         timeout: float | None,
         sentinels: Sequence[int],
-        decode: Callable[[memoryview], T],
+        decode: Callable[[memoryview | bytes], T],
     ) -> tuple[list[tuple[int, T]], list[int]]:
         """Replies ``(rank, decode(view))`` to the last message that have arrived from
         ``pending`` ranks, and the ``sentinels`` that became ready; both empty when ``timeout``
@@ -303,7 +303,7 @@ class ShmChannel:
 
         Polls while the CPUs have room until every pending rank answered, then blocks on the
         wake pipe and the sentinels until one more does. ``decode`` must not raise; the view
-        it gets is valid only during the call.
+        it gets (bytes for a small reply) is valid only during the call.
         """
         mm, slot_at, seq = self.mm, self.geometry.slot_at, self._sent & 0xFF
         ended: list[int] = []
@@ -322,13 +322,13 @@ class ShmChannel:
             ended += self._ready_sentinels(sentinels, 0)
         return replies, ended
 
-    def _decode(self, rank: int, at: int, decode: Callable[[memoryview], T]) -> T:
+    def _decode(self, rank: int, at: int, decode: Callable[[memoryview | bytes], T]) -> T:
         (length,) = _LEN.unpack_from(self.mm, at + LENGTH_AT)
         if length & SPILLED:
             length &= ~SPILLED
             memory, start = self._reply_spills[rank].memory(length, grow=False), 0
         elif length <= COPY_MAX_BYTES:  # one small allocation is cheaper than two views
-            return decode(memoryview(self.mm[at + LINE : at + LINE + length]))
+            return decode(self.mm[at + LINE : at + LINE + length])
         else:
             memory, start = self.mm, at + LINE
         with memoryview(memory) as whole, whole[start : start + length] as view:
@@ -454,6 +454,9 @@ class ShmEndpoint:
         if length & SPILLED:
             length &= ~SPILLED
             memory, start = self._spill.memory(length, grow=False), 0
+        elif length <= COPY_MAX_BYTES:  # the usual small call: one allocation, no views
+            start = at + LINE
+            return memoryview(mm[start : start + length])
         else:
             memory, start = mm, at + LINE
         with memoryview(memory) as whole:
@@ -490,8 +493,12 @@ class ShmEndpoint:
         message counts as taken from here: the parent sees that before the answer."""
         mm = self._mm or self._map()
         mm[self._line + 1] = self._taken & 0xFF
-        at, size = self._slot, _size(data)
-        if size <= self._slot_bytes:
+        at = self._slot
+        if type(data) is bytes and len(data) <= self._slot_bytes:  # the usual small reply
+            size = len(data)
+            mm[at + LINE : at + LINE + size] = data
+            _LEN.pack_into(mm, at + LENGTH_AT, size)
+        elif (size := _size(data)) <= self._slot_bytes:
             _put(mm, at + LINE, b"", data)
             _LEN.pack_into(mm, at + LENGTH_AT, size)
         else:

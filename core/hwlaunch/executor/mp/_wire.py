@@ -35,12 +35,23 @@ import cloudpickle
 
 from hwlaunch.executor._runtime import Failure
 
-__all__ = ["ALIGN", "Frame", "align", "decode", "decode_reply", "encode", "encode_reply"]
+__all__ = [
+    "ALIGN",
+    "FRAME_BYTE",
+    "Frame",
+    "align",
+    "decode",
+    "decode_reply",
+    "encode",
+    "encode_call",
+    "encode_reply",
+]
 
 Buffer = bytes | bytearray | memoryview
 ALIGN = 64
 _HEADER = struct.Struct("<cxxxIQ")  # FRAME, buffer count, stream length
 FRAME = b"F"  # a plain pickle (the usual small call or reply) starts with PROTO (0x80) instead
+FRAME_BYTE = FRAME[0]
 _BYTES = (bytes, bytearray)
 _ENTRY = struct.Struct("<QB")  # buffer length, 1: the rebuild function copies it itself
 # memoryview formats a received view can be cast back to (struct's native single characters).
@@ -255,6 +266,7 @@ def _dump(pickler_class: type[_Plain] | type[_ByValue], obj: Any) -> Frame:
 
 
 _ATOMS = frozenset((int, float, str, bool, type(None)))
+_EMPTY = frozenset((tuple, list, dict))  # empty, simple without a look inside
 _SMALL = 64 * 1024  # a byte string below this is copied into the pickler's own buffer anyway
 
 
@@ -268,16 +280,25 @@ def _simple(obj: Any, depth: int) -> bool:
         return len(obj) < _SMALL
     if depth == 0:
         return False
-    # Loops, atoms first, no generators: this runs on every call and reply.
+    # Loops, atoms and empty containers first, no generators: this runs on every call and
+    # reply (a call by name with no arguments is a str, an empty tuple and an empty dict).
     if cls is tuple or cls is list:
-        for item in obj:  # noqa: SIM110
-            if type(item) not in _ATOMS and not _simple(item, depth - 1):
+        for item in obj:
+            kind = type(item)
+            if (
+                kind not in _ATOMS
+                and not (kind in _EMPTY and not item)
+                and not _simple(item, depth - 1)
+            ):
                 return False
         return True
     if cls is dict:
         for key, value in obj.items():
+            kind = type(value)
             if type(key) is not str or (
-                type(value) not in _ATOMS and not _simple(value, depth - 1)
+                kind not in _ATOMS
+                and not (kind in _EMPTY and not value)
+                and not _simple(value, depth - 1)
             ):
                 return False
         return True
@@ -296,7 +317,21 @@ def encode(obj: Any) -> Frame | bytes:
         return _dump(_ByValue, obj)
 
 
+def encode_call(call: tuple[Any, Any, Any]) -> Frame | bytes:
+    """A request ``(method name or None, args, kwargs)``; one without arguments (a named
+    no-op, a cached callable's call) as a plain pickle at once, without a look inside."""
+    method, args, kwargs = call
+    if type(args) is tuple and type(kwargs) is dict and not args and not kwargs:  # noqa: SIM102
+        if type(method) in _ATOMS:
+            return pickle.dumps(call, protocol=5)
+    return encode(call)
+
+
 def encode_reply(reply: tuple[Any, ...]) -> Frame | bytes:
+    """``(rpc_id, ok, value)``: a value that is an atom (None, a number) as a plain pickle at
+    once, without a look inside (the prefix is atoms)."""
+    if type(reply[-1]) in _ATOMS:
+        return pickle.dumps(reply, protocol=5)
     return encode(reply)
 
 
@@ -311,11 +346,13 @@ def _buffers(view: memoryview, at: int, entries: list[tuple[int, int]]) -> Itera
         at += length
 
 
-def decode(view: memoryview) -> Any:
-    """The object a message body (``view``, from a 64-byte boundary) holds; views of ``view``
-    given out while decoding are released before this returns."""
-    if view[0] != FRAME[0]:
+def decode(view: memoryview | bytes) -> Any:
+    """The object a message body (``view``, from a 64-byte boundary, or a small one's copy)
+    holds; views of ``view`` given out while decoding are released before this returns."""
+    if view[0] != FRAME_BYTE:
         return pickle.loads(view)
+    if not isinstance(view, memoryview):
+        view = memoryview(view)
     _, count, stream_size = _HEADER.unpack_from(view, 0)
     pos = _HEADER.size
     entries = []
@@ -339,11 +376,13 @@ def _kept(pieces: Iterator[Any], given: list[Any]) -> Iterator[Any]:
         yield piece
 
 
-def decode_reply(view: memoryview) -> tuple[int | None, bool, Any]:
+def decode_reply(view: memoryview | bytes) -> tuple[int | None, bool, Any]:
     """``(rpc_id, ok, value)``; a reply that cannot be decoded here (e.g. a result whose class
     the parent cannot import) is a Failure of the call it answers."""
     try:
-        reply: tuple[int, bool, Any] = decode(view)
+        reply: tuple[int, bool, Any]
+        # A plain pickle (the usual small reply) without the call to decode().
+        reply = pickle.loads(view) if view[0] != FRAME_BYTE else decode(view)
         return reply
     except Exception as exc:
         return None, False, Failure.current(exc)
