@@ -18,9 +18,11 @@ It is used only when every other thread is one of ours, none of which touches wa
 from __future__ import annotations
 
 import contextlib
+import time
 import warnings
 from collections.abc import Iterator
 
+_PROBES, _PROBE_GAP = 3, 0.002  # an ending thread is gone from /proc within microseconds
 _MESSAGE = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks"
 
 
@@ -32,8 +34,15 @@ def only_own_threads() -> bool:
     # loads this package's __init__, and worker-side code must not load the planning layer.
     from hwlaunch.planning.threads import probe_threads
 
-    threads = probe_threads()
-    return not threads.others and threads.source == "/proc/self/task"
+    for attempt in range(_PROBES):
+        if attempt:
+            time.sleep(_PROBE_GAP)  # a thread of ours that is ending has left threading's list
+        threads = probe_threads()  # but not yet /proc: it reads as a foreign one for a moment
+        if threads.source != "/proc/self/task":
+            return False
+        if not threads.others:
+            return True
+    return False
 
 
 @contextlib.contextmanager
