@@ -93,11 +93,8 @@ def _seconds(name: str, raw: object, source: str) -> float:
     return float(_number(name, raw, source, float, 0.001))
 
 
-def _spin(name: str, raw: object, source: str) -> float:
-    return float(_number(name, raw, source, float, 0.0))
-
-
-def _seconds_or_off(name: str, raw: object, source: str) -> float:
+def _seconds_from_zero(name: str, raw: object, source: str) -> float:
+    """Seconds where 0 is meaningful: no polling window (rpc_spin), no watchdog (rpc_warn_after)."""
     return float(_number(name, raw, source, float, 0.0))
 
 
@@ -239,7 +236,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--rpc-spin",
         "SECONDS",
         "Seconds a side of the shm channel polls before it blocks (default: by free CPUs).",
-        _spin,
+        _seconds_from_zero,
     ),
     Setting(
         "max_restarts",
@@ -257,7 +254,7 @@ SETTINGS: tuple[Setting, ...] = (
         "SECONDS",
         "Seconds a collective_rpc waits before a warning shows the silent ranks' stacks "
         "(again at each doubling; 0: never).",
-        _seconds_or_off,
+        _seconds_from_zero,
         default=60.0,
     ),
     Setting(
