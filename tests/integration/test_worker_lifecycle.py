@@ -68,6 +68,12 @@ class Lifecycle:
 
         signal.signal(signal.SIGUSR1, note)
 
+    def handle_signal(self, signum: int) -> None:
+        """forward_signals' hook: runs on the worker's main thread, also in a Ray actor."""
+        name = signal.Signals(signum).name.lower()
+        if self.marker_dir:
+            Path(self.marker_dir, f"hook-{name}-{self.rank}").write_text(str(os.getpid()))  # type: ignore[attr-defined]
+
     def shutdown(self) -> None:
         time.sleep(self.shutdown_seconds)
         super().shutdown()  # type: ignore[misc]
@@ -322,6 +328,27 @@ def test_forwarded_sigusr1_reaches_every_worker(clean_env: Path, tmp_path: Path)
         signal.signal(signal.SIGUSR1, before)
 
 
+def test_a_forwarded_signal_calls_the_workers_handle_signal(
+    clean_env: Path, tmp_path: Path
+) -> None:
+    """A worker that defines handle_signal needs no handler of its own; one without it
+    would die of SIGUSR1's default action, as a worker without a handler does."""
+    before = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    try:
+        with hwlaunch.launch(
+            backend="cpu", world_size=2, worker_extension=Lifecycle, forward_signals="SIGUSR1"
+        ) as workers:
+            pids = workers.collective_rpc("configure", args=(str(tmp_path),))
+            os.kill(os.getpid(), signal.SIGUSR1)
+            wait_until(lambda: len(list(tmp_path.glob("hook-*"))) == 2, 20, "both hooks")
+            assert workers.collective_rpc("ping") == pids  # both still serve calls
+        assert sorted(p.read_text() for p in tmp_path.glob("hook-sigusr1-*")) == sorted(
+            str(pid) for pid in pids
+        )
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
 def test_a_restarting_executor_watches_stacks_and_forwards_too(
     clean_env: Path, tmp_path: Path, hwlaunch_log: pytest.LogCaptureFixture
 ) -> None:
@@ -408,7 +435,7 @@ def test_uni_logs_a_shutdown_past_its_grace(
 def local_ray() -> Iterator[None]:
     """One local Ray instance (loopback only) for the Ray tests; ended with the module."""
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
@@ -417,14 +444,9 @@ def local_ray() -> Iterator[None]:
 def test_ray_actors_stall_warning_and_timeout_stacks(
     clean_env: Path, local_ray: None, hwlaunch_log: pytest.LogCaptureFixture
 ) -> None:
-    before = signal.getsignal(signal.SIGUSR1)
-    plan = hwlaunch.resolve(
-        backend="cpu", world_size=2, executor="ray", rpc_warn_after=1, forward_signals="SIGUSR1"
-    )
+    plan = hwlaunch.resolve(backend="cpu", world_size=2, executor="ray", rpc_warn_after=1)
     workers = hwlaunch.launch(plan)
     try:
-        assert signal.getsignal(signal.SIGUSR1) == before  # actors get no forwarded signals
-        assert any("forward_signals SIGUSR1 is not used" in w for w in workers.warnings)
         assert workers.collective_rpc(rank_one_stalls, args=(3.0,)) == [0, 1]
         first = warnings_of(hwlaunch_log, "collective_rpc 'rank_one_stalls' has waited")[0]
         assert "for ranks [1]" in first and f"in {STUCK}" in first
@@ -436,3 +458,32 @@ def test_ray_actors_stall_warning_and_timeout_stacks(
         assert list(caught.value.stacks) == [1] and STUCK in caught.value.stacks[1]
     finally:
         workers.shutdown()
+
+
+@pytest.mark.ray
+def test_ray_actors_get_forwarded_signals_while_a_call_runs(
+    clean_env: Path, local_ray: None, tmp_path: Path
+) -> None:
+    """The handler runs on the actor's main thread while rank 1 is busy in a call on another."""
+    before = signal.signal(signal.SIGUSR2, lambda signum, frame: None)
+    workers = hwlaunch.launch(
+        backend="cpu",
+        world_size=2,
+        executor="ray",
+        worker_extension=Lifecycle,
+        forward_signals="SIGUSR2",
+    )
+    try:
+        assert not any("forward_signals" in w for w in workers.warnings)
+        pids = workers.collective_rpc("configure", args=(str(tmp_path),))
+        pending = workers.collective_rpc(rank_one_stalls, args=(5.0,), non_block=True)
+        wait_until(lambda: STUCK in workers.dump_stacks([1])[1], 20, "rank 1 in the call")
+        os.kill(os.getpid(), signal.SIGUSR2)
+        wait_until(lambda: len(list(tmp_path.glob("hook-sigusr2-*"))) == 2, 20, "both actors")
+        assert not pending.done()  # rank 1 got it in the middle of its call
+        assert sorted(p.read_text() for p in tmp_path.glob("hook-*")) == sorted(map(str, pids))
+        assert pending.result(timeout=30) == [0, 1]
+    finally:
+        workers.shutdown()
+        signal.signal(signal.SIGUSR2, before)
+    assert signal.getsignal(signal.SIGUSR2) is not None

@@ -144,8 +144,7 @@ class Executor(ABC):
             self.warnings.append(
                 f"forward_signals {', '.join(self.plan.forward_signals)} is not used: the "
                 f"{self.plan.executor} executor does not signal its workers (uni's worker is "
-                "this process; a Ray actor's calls run off its main thread, where Python runs "
-                "signal handlers)"
+                "this process)"
             )
             return False
         return True

@@ -43,6 +43,7 @@ OWN_THREADS = frozenset(
         "hwlaunch-stacks",  # executor._stacks, in a worker: waits in recv on its pipe
         "hwlaunch-output",  # executor.mp._output_pipes, in the driver: reads the workers' output pipes
         "hwlaunch-ray-output",  # executor.ray._output, in the driver: collects the actors' output
+        "hwlaunch-forward-signal",  # executor.ray: sends one forwarded signal to the actors, ends
     )
 )
 OPENMP_LIBRARIES = ("libgomp",)  # GNU OpenMP keeps no fork handler: its pool breaks in a child

@@ -37,6 +37,7 @@ from hwlaunch.executor._mainprep import (
 from hwlaunch.executor._proctitle import set_title
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor._stacks import start_stack_thread
+from hwlaunch.executor._worker_signals import install_dispatch
 from hwlaunch.executor.mp import _driver_death as driver_death
 from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._callables import CallReader
@@ -187,24 +188,55 @@ def worker_main(
     if main is not None:
         _reimport_or_fail(main, conn, plan.start_method)
     _refuse_forked_unsafe_main(plan)
-    try:
-        worker = start_worker(
-            plan,
-            extension,
-            rank=rank,
-            local_rank=local_rank,
-            master_addr=master_addr,
-            master_port=master_port,
-            init_distributed=init_distributed,
-        )
-    except BaseException as exc:
-        _fail_startup(conn, Failure.current(exc))
+    worker = _build_worker(
+        plan,
+        conn,
+        rank=rank,
+        local_rank=local_rank,
+        extension=extension,
+        rendezvous=(master_addr, master_port),
+        init_distributed=init_distributed,
+    )
     driver_death.register(worker, rank, plan.shutdown_timeout)
     conn.send_bytes(pickle.dumps(("ready", os.getpid())))
     if not serve(worker, rank, channel):  # the channel ended: the parent is gone
         driver_death.begin(_end_process_tree)
         driver_death.wait()
     _end_process_tree(0, exit_now=False)  # told to shut down
+
+
+def _build_worker(
+    plan: Plan,
+    conn: Connection,
+    *,
+    rank: int,
+    local_rank: int,
+    extension: bytes | str | None,
+    rendezvous: tuple[str, int],
+    init_distributed: bool,
+) -> Any:
+    """The worker, started; a failure ends this process, reported to the parent. The
+    forwarded signals' dispatchers come first, so that a handler the worker installs itself
+    replaces them; SIGTERM stays this worker's end (the driver's escalation, its "end now")."""
+    built: list[Any] = []
+    install_dispatch(
+        plan.forward_signals, lambda: built[0] if built else None, skip=(signal.SIGTERM,)
+    )
+    try:
+        built.append(
+            start_worker(
+                plan,
+                extension,
+                rank=rank,
+                local_rank=local_rank,
+                master_addr=rendezvous[0],
+                master_port=rendezvous[1],
+                init_distributed=init_distributed,
+            )
+        )
+    except BaseException as exc:
+        _fail_startup(conn, Failure.current(exc))
+    return built[0]
 
 
 def _refuse_forked_unsafe_main(plan: Plan) -> None:

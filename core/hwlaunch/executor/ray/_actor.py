@@ -13,6 +13,7 @@ from typing import Any
 
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor._stacks import thread_stacks
+from hwlaunch.executor._worker_signals import install_dispatch
 from hwlaunch.executor.base import free_port
 from hwlaunch.executor.ray._cluster import import_ray
 from hwlaunch.executor.ray._output import ActorOutput
@@ -25,9 +26,12 @@ __all__ = ["RankActor", "rank_actor_class"]
 class RankActor:
     """One rank inside a Ray actor process: hosts the backend's Worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, forward_signals: tuple[str, ...] = ()) -> None:
         self.worker: Worker | None = None
         self.output = ActorOutput()  # first: everything the rank writes goes to the driver
+        # Ray builds an actor on its process's main thread, the only one that may install
+        # signal handlers; its calls run on others (``hwlaunch.executor._worker_signals``).
+        install_dispatch(forward_signals, lambda: self.worker)
 
     def place(self, resource: str, want_port: bool) -> dict[str, Any]:
         """Where this actor runs, the devices Ray gave it, and (rank 0) a rendezvous port."""
@@ -90,6 +94,11 @@ class RankActor:
     def stop(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
+
+    def deliver_signal(self, signum: int) -> None:
+        """A forwarded signal, sent to this process: Python runs its handler on the main
+        thread, even while a call runs on another."""
+        os.kill(os.getpid(), signum)
 
     def stacks(self) -> str:
         """Every thread's stack in this actor's process, read from the control concurrency

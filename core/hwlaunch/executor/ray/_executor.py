@@ -308,7 +308,7 @@ class RayExecutor(Executor):
                         placement_group=group.pg, placement_group_bundle_index=bundle
                     ),
                     runtime_env={"env_vars": {**inherited, **env}},
-                ).remote()
+                ).remote(plan.forward_signals)
             )
 
     def _start_env(self, master: tuple[str, int], visible: str | None) -> dict[str, str]:
@@ -421,6 +421,19 @@ class RayExecutor(Executor):
         for rank in ranks:
             found.setdefault(rank, f"no stack within {timeout:g}s (the actor did not answer)")
         return dict(sorted(found.items()))
+
+    def signal_ranks(self, signum: int) -> None:
+        """Each actor signals itself (on whichever node it runs), from a thread of its own:
+        this runs in a signal handler, which must not enter Ray in the middle of a Ray call
+        of the main thread."""
+        actors = list(self._group.actors)
+
+        def deliver() -> None:
+            for actor in actors:
+                with contextlib.suppress(Exception):  # that actor died, or Ray is going away
+                    actor.deliver_signal.options(concurrency_group=CONTROL_GROUP).remote(signum)
+
+        threading.Thread(target=deliver, name="hwlaunch-forward-signal", daemon=True).start()
 
     # -- state and stop ------------------------------------------------------------------
     def raise_if_closed(self) -> None:
