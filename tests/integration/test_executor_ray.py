@@ -685,3 +685,82 @@ def test_a_lost_node_replaced_by_a_new_one_restarts_the_group(connected: Any) ->
         executor.shutdown()
         restore_two_nodes(connected)
     assert set(our_placement_groups().values()) <= {"REMOVED"}
+
+
+# -- a driver that dies ----------------------------------------------------------------------
+DYING_DRIVER = """
+import json, os, sys, time
+from pathlib import Path
+import hwlaunch
+
+class SlowShutdown:
+    where = ""  # set below: the class travels to the actors by value, with it
+    seconds = 1.0
+
+    def shutdown(self):
+        time.sleep(self.seconds)
+        super().shutdown()
+        Path(self.where, f"shutdown-{self.rank}").write_text(str(os.getpid()))
+
+if __name__ == "__main__":
+    SlowShutdown.where, SlowShutdown.seconds = sys.argv[2], float(sys.argv[3])
+    workers = hwlaunch.launch(
+        backend="cpu", world_size=2, executor="ray", ray_address=sys.argv[1] or None,
+        worker_extension=SlowShutdown, shutdown_timeout=20,
+    )
+    print(json.dumps(workers.pids), flush=True)
+    time.sleep(600)
+"""
+
+
+def start_dying_driver(
+    tmp_path: Path, address: str, seconds: float
+) -> tuple[subprocess.Popen[str], list[int], Path]:
+    """A driver of two actors whose shutdown() takes ``seconds`` and leaves a marker."""
+    script, markers = tmp_path / "driver.py", tmp_path / "markers"
+    script.write_text(DYING_DRIVER)
+    markers.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HWLAUNCH_", "RAY_ADDRESS"))}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), address, str(markers), str(seconds)],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    assert proc.stdout is not None
+    return proc, json.loads(proc.stdout.readline()), markers
+
+
+def wait_for_markers(markers: Path, count: int, timeout: float) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(list(markers.iterdir())) < count:
+        time.sleep(0.1)
+    return sorted(p.name for p in markers.iterdir())
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_a_dead_drivers_actors_run_their_shutdown_then_go(
+    connected: Any, tmp_path: Path, how: signal.Signals
+) -> None:
+    """Ray would end a dead driver's actors at once; hwlaunch's are detached from it, watch
+    its lifeline, run shutdown(), and leave no actor and no placement group behind."""
+    before = set(our_placement_groups())
+    proc, pids, markers = start_dying_driver(tmp_path, connected.address, 1.0)
+    try:
+        new = set(our_placement_groups()) - before
+        assert len(new) == 1 and len(pids) == 2
+        proc.send_signal(how)
+        # SIGTERM: ray.init() installed a handler in the driver, sys.exit(15), so the driver's
+        # own exit hooks shut the executor down; SIGKILL leaves it to the lifeline.
+        assert proc.wait(30) == (15 if how == signal.SIGTERM else -how)
+        assert wait_for_markers(markers, 2, 30) == ["shutdown-0", "shutdown-1"]
+        assert sorted(int(p.read_text()) for p in markers.iterdir()) == sorted(pids)
+        assert wait_gone(pids, 30) == []
+        deadline = time.monotonic() + 30
+        (name,) = new
+        while time.monotonic() < deadline and our_placement_groups()[name] != "REMOVED":
+            time.sleep(0.2)
+        assert our_placement_groups()[name] == "REMOVED"
+    finally:
+        proc.kill()
+        proc.wait()

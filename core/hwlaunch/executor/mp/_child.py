@@ -27,6 +27,7 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
+from hwlaunch.executor import _driver_death as driver_death
 from hwlaunch.executor._capture import capture_output
 from hwlaunch.executor._mainprep import (
     STDIN,
@@ -38,7 +39,6 @@ from hwlaunch.executor._proctitle import set_title
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor._stacks import start_stack_thread
 from hwlaunch.executor._worker_signals import install_dispatch
-from hwlaunch.executor.mp import _driver_death as driver_death
 from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._callables import CallReader
 from hwlaunch.executor.mp._messages import SHUTDOWN

@@ -6,46 +6,62 @@ as the mp child does, so errors and semantics match.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
 from typing import Any
 
+from hwlaunch.executor import _driver_death as driver_death
 from hwlaunch.executor._runtime import Failure, answer, start_worker
 from hwlaunch.executor._stacks import thread_stacks
 from hwlaunch.executor._worker_signals import install_dispatch
 from hwlaunch.executor.base import free_port
-from hwlaunch.executor.ray._cluster import import_ray
+from hwlaunch.executor.ray._cluster import import_ray, node_address
+from hwlaunch.executor.ray._lifeline import watch as lifeline_watch
 from hwlaunch.executor.ray._output import ActorOutput
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 
-__all__ = ["RankActor", "rank_actor_class"]
+__all__ = ["CONTROL_GROUP", "WATCH_GROUP", "RankActor", "rank_actor_class"]
+
+WATCH_GROUP = "hwlaunch_watch"  # the actors' concurrency group for watch()
+CONTROL_GROUP = "hwlaunch_control"  # stacks() and signals, while a call runs
+# After the driver's death, rank 0 waits this long at most for the other ranks to end, each
+# within its own grace, before it removes the placement group (which ends the rest).
+PEERS_WAIT = 120.0
 
 
 class RankActor:
     """One rank inside a Ray actor process: hosts the backend's Worker."""
 
-    def __init__(self, forward_signals: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        rank: int,
+        forward_signals: tuple[str, ...],
+        lifeline: tuple[str, int],
+        placement_group: Any,
+    ) -> None:
         self.worker: Worker | None = None
+        self.rank = rank
+        self.placement_group = placement_group
+        self.peers: list[Any] = []  # rank 0: the other ranks' actors
         self.output = ActorOutput()  # first: everything the rank writes goes to the driver
         # Ray builds an actor on its process's main thread, the only one that may install
         # signal handlers; its calls run on others (``hwlaunch.executor._worker_signals``).
         install_dispatch(forward_signals, lambda: self.worker)
+        try:
+            lifeline_watch(lifeline, lambda: driver_death.begin(self._end))
+        except OSError:  # the driver is gone already: nobody will end this detached actor
+            self._end(1)
 
     def place(self, resource: str, want_port: bool) -> dict[str, Any]:
         """Where this actor runs, the devices Ray gave it, and (rank 0) a rendezvous port."""
         ray = import_ray()
         context = ray.get_runtime_context()
-        node_id = context.get_node_id()
-        # The address the node was started with (127.0.0.1 for hwlaunch's local instance), not
-        # get_node_ip_address(), which answers with the machine's routable address.
-        ip = next(
-            (n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
-            ray.util.get_node_ip_address(),
-        )
+        ip = node_address(ray)
         return {
-            "node_id": node_id,
+            "node_id": context.get_node_id(),
             "node_ip": ip,
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -63,9 +79,11 @@ class RankActor:
         master_addr: str,
         master_port: int,
         init_distributed: bool,
+        peers: list[Any],
     ) -> Failure | None:
         """Build the worker and run its start-up lifecycle; a failure comes back as data."""
         os.environ.update(env)
+        self.peers = peers
         try:
             self.worker = start_worker(
                 plan,
@@ -78,6 +96,7 @@ class RankActor:
             )
         except BaseException as exc:
             return Failure.current(exc)
+        driver_death.register(self.worker, rank, plan.shutdown_timeout)
         return None
 
     def call(self, payload: bytes, keep_value: bool = True) -> bytes:
@@ -109,6 +128,22 @@ class RankActor:
         """Never returns: Ray fails this call when the actor dies (its process killed, its node
         lost). It runs in a concurrency group of its own, so calls still run one at a time."""
         threading.Event().wait()
+
+    def _end(self, code: int) -> None:
+        """The driver is gone and this rank's shutdown() has run (or its grace passed): end
+        this process; rank 0 first waits for the other ranks to end theirs, then removes the
+        placement group, which ends any rank still there."""
+        ray = import_ray()
+        if self.rank == 0:
+            with contextlib.suppress(Exception):
+                refs = [
+                    peer.watch.options(concurrency_group=WATCH_GROUP).remote()
+                    for peer in self.peers
+                ]
+                ray.wait(refs, num_returns=len(refs), timeout=PEERS_WAIT)
+            with contextlib.suppress(Exception):
+                ray.util.remove_placement_group(self.placement_group)
+        os._exit(code)
 
 
 def rank_actor_class(backend: str, rank: int) -> type[RankActor]:

@@ -19,7 +19,15 @@ from typing import Any
 from hwlaunch.errors import BackendUnavailableError
 from hwlaunch.plan import Plan
 
-__all__ = ["LOOPBACK_VAR", "connect", "import_ray", "probe_address", "release", "setting_source"]
+__all__ = [
+    "LOOPBACK_VAR",
+    "connect",
+    "import_ray",
+    "node_address",
+    "probe_address",
+    "release",
+    "setting_source",
+]
 
 LOOPBACK_VAR = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
@@ -126,3 +134,14 @@ def release(ray: Any) -> None:
             _connection_job = None
             if ray.is_initialized():
                 ray.shutdown()
+
+
+def node_address(ray: Any) -> str:
+    """The address this process's Ray node was started with (127.0.0.1 for hwlaunch's local
+    instance), not get_node_ip_address(), which answers with the machine's routable one."""
+    node_id = ray.get_runtime_context().get_node_id()
+    address = next(
+        (n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id),
+        ray.util.get_node_ip_address(),
+    )
+    return str(address)

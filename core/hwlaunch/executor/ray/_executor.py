@@ -34,8 +34,9 @@ from hwlaunch.executor.base import (
     gather,
     worker_environment,
 )
-from hwlaunch.executor.ray._actor import rank_actor_class
-from hwlaunch.executor.ray._cluster import connect, import_ray, release
+from hwlaunch.executor.ray._actor import CONTROL_GROUP, WATCH_GROUP, rank_actor_class
+from hwlaunch.executor.ray._cluster import connect, import_ray, node_address, release
+from hwlaunch.executor.ray._lifeline import Lifeline
 from hwlaunch.executor.ray._output import OUTPUT_GROUP, OutputCollector
 from hwlaunch.executor.ray._placement import (
     RankNode,
@@ -51,8 +52,6 @@ from hwlaunch.plan import Plan
 
 __all__ = ["RayExecutor"]
 
-WATCH_GROUP = "hwlaunch_watch"  # the actors' concurrency group for watch()
-CONTROL_GROUP = "hwlaunch_control"  # stacks(), while a call runs
 log = logging.getLogger("hwlaunch")
 MONITOR_POLL = 0.5  # seconds between the monitor's checks that the executor is still open
 # Ray copies arguments up to this size into each call; a larger payload is put in the object
@@ -90,6 +89,7 @@ class _ActorGroup:
         self.monitor: threading.Thread | None = None
         self.on_death: Callable[[WorkerDiedError], None] | None = None  # the restart controller
         self.output: OutputCollector | None = None  # the ranks' stdout and stderr
+        self.lifeline: Lifeline | None = None  # how the (detached) actors see this driver end
 
     # -- deaths --------------------------------------------------------------------------
     def record_death(self, rank: int, exc: BaseException) -> WorkerDiedError | None:
@@ -167,6 +167,8 @@ class _ActorGroup:
             if self.pg is not None:
                 with contextlib.suppress(Exception):
                     ray.util.remove_placement_group(self.pg)
+            if self.lifeline is not None:
+                self.lifeline.release()  # after the kills: a told actor is never left over
             if self.monitor is not None and self.monitor is not threading.current_thread():
                 self.monitor.join(MONITOR_POLL * 4)  # done with Ray before the connection ends
         finally:
@@ -232,10 +234,14 @@ class RayExecutor(Executor):
     def start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
         group, plan, ray = self._group, self.plan, self._group.ray
         strategy = placement_strategy(plan)
+        group.lifeline = Lifeline(node_address(ray))
+        # Detached from this driver, as the actors are (see ``_lifeline``): Ray would remove
+        # them the moment the driver dies, before the workers' own shutdown().
         group.pg = ray.util.placement_group(
             [{plan.ray_resource: 1.0} for _ in range(plan.world_size)],
             strategy=strategy,
             name=f"hwlaunch-{plan.backend}-{os.getpid()}-{id(self):x}",
+            lifetime="detached",
         )
         # ray.wait, not pg.wait(), which truncates its timeout to whole seconds.
         placed, _ = ray.wait([group.pg.ready()], timeout=plan.ray_pg_timeout)
@@ -277,6 +283,7 @@ class RayExecutor(Executor):
                 local[rank][0],
                 *master,
                 init_distributed,
+                group.actors[1:] if rank == 0 else [],  # rank 0 ends last after a driver death
             )
             for rank, actor in enumerate(group.actors)
         ]
@@ -294,6 +301,8 @@ class RayExecutor(Executor):
         inherited = {k: v for k, v in os.environ.items() if k.startswith("HWLAUNCH_")}
         if plan.ray_noset_visibility_var:
             inherited[plan.ray_noset_visibility_var] = "1"  # the binding, not Ray, sets it
+        assert group.lifeline is not None
+        lifeline = group.lifeline.address
         for rank, bundle in enumerate(order):
             env = worker_environment(plan, rank, local[rank][0], "", 0, local[rank][1])
             for key in ("MASTER_ADDR", "MASTER_PORT", plan.device_control_env_var):
@@ -308,7 +317,8 @@ class RayExecutor(Executor):
                         placement_group=group.pg, placement_group_bundle_index=bundle
                     ),
                     runtime_env={"env_vars": {**inherited, **env}},
-                ).remote(plan.forward_signals)
+                    lifetime="detached",
+                ).remote(rank, plan.forward_signals, lifeline, group.pg)
             )
 
     def _start_env(self, master: tuple[str, int], visible: str | None) -> dict[str, str]:

@@ -3,10 +3,12 @@
 A driver ended by SIGTERM's default action or by SIGKILL runs none of its own code: nobody
 asks the workers to shut down. Each worker learns of it by itself (EOF on the death pipe
 without the parent's "end now", EOF on its call channel, or PR_SET_PDEATHSIG with its parent
-gone) and calls ``begin``: the worker's ``shutdown()`` (destroy the process group, release the
-device) runs on a thread of its own for at most the plan's ``shutdown_timeout``, then the
-worker ends its descendants and itself as on every other exit path. ``begin`` never blocks,
-so a signal handler may call it; the first call wins.
+gone; a Ray actor: the end of its lifeline, ``ray._lifeline``) and calls ``begin``: the
+worker's ``shutdown()`` (destroy the process group, release the device) runs on a thread of
+its own for at most the plan's ``shutdown_timeout``, then the executor's ``end`` ends the
+process (an mp worker its descendants and itself, as on every other exit path; a Ray actor
+its process, rank 0 the placement group once every rank is done). ``begin`` never blocks, so
+a signal handler may call it; the first call wins. Worker-side code: one worker per process.
 """
 
 from __future__ import annotations

@@ -1,0 +1,68 @@
+"""The driver's lifeline to its Ray actors: how an actor learns that the driver is gone.
+
+Ray ends the actors of a driver that dies, at once and without their ``shutdown()``; so the
+ray executor's actors and placement group are detached from the driver (``lifetime=
+"detached"``), and each actor watches this lifeline instead: a TCP connection to a socket
+the driver listens on, at the address its Ray node has. The driver never accepts them: the
+kernel completes each connection into the listening socket's queue, and closes them all
+when the driver's process ends, however it ends (SIGKILL included), on any node. An actor
+that reads the end of its connection runs the driver-death path (``_actor``): its worker's
+``shutdown()`` within the grace, then its process ends, and rank 0 removes the placement
+group once every rank is done. A driver that ends the actors itself accepts the waiting
+connections first and writes ``END`` on each, so that they leave the ending to it.
+
+Worker-side code (``watch``) beside the driver's (``Lifeline``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Callable
+
+__all__ = ["END", "Lifeline", "watch"]
+
+END = b"E"  # the driver ends the actors itself
+CONNECT_TIMEOUT = 10.0
+
+
+class Lifeline:
+    """The listening socket of one group of actors (a restart makes a new one)."""
+
+    def __init__(self, host: str) -> None:
+        self._listener = socket.create_server((host, 0), backlog=4096)
+        self.address: tuple[str, int] = (host, self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+
+    def release(self) -> None:
+        """Tell every connected actor that the driver ends it; close the lifeline. Idempotent."""
+        with self._lock:
+            if self._listener.fileno() < 0:
+                return
+            self._listener.setblocking(False)
+            with contextlib.suppress(OSError):
+                while True:
+                    conn, _ = self._listener.accept()
+                    with conn, contextlib.suppress(OSError):
+                        conn.setblocking(True)
+                        conn.sendall(END)
+            self._listener.close()
+
+
+def watch(address: tuple[str, int], on_driver_death: Callable[[], None]) -> None:
+    """Connect to the driver's lifeline (raise OSError when it is not there: the driver is
+    already gone) and call ``on_driver_death`` from a thread of its own when it ends without
+    ``END``."""
+    conn = socket.create_connection(address, timeout=CONNECT_TIMEOUT)
+    conn.settimeout(None)
+
+    def wait() -> None:
+        told = b""
+        with contextlib.suppress(OSError):
+            told = conn.recv(1)
+        conn.close()
+        if told != END:
+            on_driver_death()
+
+    threading.Thread(target=wait, name="hwlaunch-lifeline", daemon=True).start()
