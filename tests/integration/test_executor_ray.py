@@ -764,3 +764,21 @@ def test_a_dead_drivers_actors_run_their_shutdown_then_go(
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_killed_driver_of_its_own_local_ray_still_gets_each_shutdown_then_all_goes(
+    tmp_path: Path,
+) -> None:
+    """The local instance hwlaunch starts ends a moment after its driver; its actors wait
+    out a 3 s shutdown() all the same, then nothing of the instance is left."""
+    proc, pids, markers = start_dying_driver(tmp_path, "", 3.0)
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True)
+        assert {p.pid for p in tree} >= set(pids)  # the instance is the driver's own
+        proc.kill()
+        assert proc.wait(30) == -signal.SIGKILL
+        assert wait_for_markers(markers, 2, 30) == ["shutdown-0", "shutdown-1"]
+        assert wait_gone([p.pid for p in tree], 60) == []
+    finally:
+        proc.kill()
+        proc.wait()

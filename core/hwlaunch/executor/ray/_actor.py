@@ -19,6 +19,7 @@ from hwlaunch.executor._worker_signals import install_dispatch
 from hwlaunch.executor.base import free_port
 from hwlaunch.executor.ray._cluster import import_ray, node_address
 from hwlaunch.executor.ray._lifeline import watch as lifeline_watch
+from hwlaunch.executor.ray._lifeline import watch_raylet
 from hwlaunch.executor.ray._output import ActorOutput
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
@@ -50,10 +51,12 @@ class RankActor:
         # Ray builds an actor on its process's main thread, the only one that may install
         # signal handlers; its calls run on others (``hwlaunch.executor._worker_signals``).
         install_dispatch(forward_signals, lambda: self.worker)
+        self.raylet = os.getppid()
         try:
             lifeline_watch(lifeline, lambda: driver_death.begin(self._end))
         except OSError:  # the driver is gone already: nobody will end this detached actor
             self._end(1)
+        watch_raylet(lambda: driver_death.begin(self._end))
 
     def place(self, resource: str, want_port: bool) -> dict[str, Any]:
         """Where this actor runs, the devices Ray gave it, and (rank 0) a rendezvous port."""
@@ -133,17 +136,22 @@ class RankActor:
         """The driver is gone and this rank's shutdown() has run (or its grace passed): end
         this process; rank 0 first waits for the other ranks to end theirs, then removes the
         placement group, which ends any rank still there."""
-        ray = import_ray()
-        if self.rank == 0:
-            with contextlib.suppress(Exception):
-                refs = [
-                    peer.watch.options(concurrency_group=WATCH_GROUP).remote()
-                    for peer in self.peers
-                ]
-                ray.wait(refs, num_returns=len(refs), timeout=PEERS_WAIT)
-            with contextlib.suppress(Exception):
-                ray.util.remove_placement_group(self.placement_group)
+        if self.rank == 0 and os.getppid() == self.raylet:  # else Ray went with its raylet
+            # In a thread: a Ray that is going away may not answer.
+            remover = threading.Thread(target=self._remove_group_last, daemon=True)
+            remover.start()
+            remover.join(PEERS_WAIT + 5.0)
         os._exit(code)
+
+    def _remove_group_last(self) -> None:
+        ray = import_ray()
+        with contextlib.suppress(Exception):
+            refs = [
+                peer.watch.options(concurrency_group=WATCH_GROUP).remote() for peer in self.peers
+            ]
+            ray.wait(refs, num_returns=len(refs), timeout=PEERS_WAIT)
+        with contextlib.suppress(Exception):
+            ray.util.remove_placement_group(self.placement_group)
 
 
 def rank_actor_class(backend: str, rank: int) -> type[RankActor]:

@@ -36,7 +36,7 @@ from hwlaunch.executor.base import (
 )
 from hwlaunch.executor.ray._actor import CONTROL_GROUP, WATCH_GROUP, rank_actor_class
 from hwlaunch.executor.ray._cluster import connect, import_ray, node_address, release
-from hwlaunch.executor.ray._lifeline import Lifeline
+from hwlaunch.executor.ray._lifeline import Lifeline, actor_ray_config
 from hwlaunch.executor.ray._output import OUTPUT_GROUP, OutputCollector
 from hwlaunch.executor.ray._placement import (
     RankNode,
@@ -299,6 +299,7 @@ class RayExecutor(Executor):
         # from here (worker_environment holds the propagate_env variables) travels in the
         # runtime environment, to every node.
         inherited = {k: v for k, v in os.environ.items() if k.startswith("HWLAUNCH_")}
+        inherited.update(actor_ray_config(plan.shutdown_timeout))
         if plan.ray_noset_visibility_var:
             inherited[plan.ray_noset_visibility_var] = "1"  # the binding, not Ray, sets it
         assert group.lifeline is not None

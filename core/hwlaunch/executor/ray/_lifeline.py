@@ -11,20 +11,40 @@ that reads the end of its connection runs the driver-death path (``_actor``): it
 group once every rank is done. A driver that ends the actors itself accepts the waiting
 connections first and writes ``END`` on each, so that they leave the ending to it.
 
+A driver that started its own local Ray instance takes that instance with it: the raylet and
+the GCS end a moment after the driver. Ray's own checks would end each actor at once then;
+``actor_ray_config`` makes them wait out the grace, and ``watch_raylet`` begins the same
+orderly end when the actor's raylet is gone (on a cluster too: a raylet that crashed).
+
 Worker-side code (``watch``) beside the driver's (``Lifeline``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 
-__all__ = ["END", "Lifeline", "watch"]
+__all__ = ["END", "Lifeline", "actor_ray_config", "watch", "watch_raylet"]
 
 END = b"E"  # the driver ends the actors itself
 CONNECT_TIMEOUT = 10.0
+RAYLET_POLL = 0.1  # seconds between an actor's checks that its raylet still runs
+RAY_MARGIN = 30.0  # seconds Ray's own checks wait beyond the grace
+
+
+def actor_ray_config(grace: float) -> dict[str, str]:
+    """Ray's settings for an actor process: its own checks that end it at once when its
+    raylet or the GCS is gone (so when a driver that started its local instance dies) wait
+    for the grace and a margin, while ``watch_raylet`` begins the orderly end instead."""
+    wait = grace + RAY_MARGIN
+    return {
+        "RAY_raylet_death_check_interval_milliseconds": str(int(wait * 1000)),
+        "RAY_gcs_rpc_server_reconnect_timeout_s": str(int(max(60.0, wait))),
+    }
 
 
 class Lifeline:
@@ -66,3 +86,16 @@ def watch(address: tuple[str, int], on_driver_death: Callable[[], None]) -> None
             on_driver_death()
 
     threading.Thread(target=wait, name="hwlaunch-lifeline", daemon=True).start()
+
+
+def watch_raylet(on_raylet_death: Callable[[], None]) -> None:
+    """Call ``on_raylet_death`` from a thread of its own once this actor's raylet, the
+    process that started it, has ended (this process is then reparented)."""
+    raylet = os.getppid()
+
+    def poll() -> None:
+        while os.getppid() == raylet:
+            time.sleep(RAYLET_POLL)
+        on_raylet_death()
+
+    threading.Thread(target=poll, name="hwlaunch-raylet-watch", daemon=True).start()
