@@ -8,8 +8,9 @@ kernel completes each connection into the listening socket's queue, and closes t
 when the driver's process ends, however it ends (SIGKILL included), on any node. An actor
 that reads the end of its connection runs the driver-death path (``_actor``): its worker's
 ``shutdown()`` within the grace, then its process ends, and rank 0 removes the placement
-group once every rank is done. A driver that ends the actors itself accepts the waiting
-connections first and writes ``END`` on each, so that they leave the ending to it.
+group once every rank is done. A driver that ends the actors itself kills them, then
+accepts the waiting connections and writes ``END`` on each, so that an actor its kill has not
+reached yet leaves the ending to it.
 
 A driver that started its own local Ray instance takes that instance with it: the raylet and
 the GCS end a moment after the driver. Ray's own checks would end each actor at once then;
