@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +78,31 @@ def run_json_script(
     assert proc.returncode == 0, proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
+
+
+def shm_entries(pid: int) -> list[str]:
+    """What a parent of this pid would have named in /dev/shm (others' entries are not ours)."""
+    return [name for name in os.listdir("/dev/shm") if f"hwlaunch-{pid}" in name]
+
+
+@contextlib.contextmanager
+def parent_program(
+    command: list[str], **popen: Any
+) -> Iterator[tuple[subprocess.Popen[str], list[psutil.Process]]]:
+    """A parent program whose first line on stdout is ``{"workers": [pid, ...]}``: yields the
+    process and its workers; whatever of them still runs at the end is killed."""
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+    )
+    workers: list[psutil.Process] = []
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        workers = processes(json.loads(line)["workers"])
+        yield proc, workers
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+        kill_all(workers)

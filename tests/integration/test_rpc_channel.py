@@ -11,7 +11,6 @@ which one a machine gets by default depends on its CPU count.
 from __future__ import annotations
 
 import contextlib
-import json
 import mmap
 import multiprocessing
 import os
@@ -23,11 +22,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 import torch  # noqa: F401  imported before forking, as a real parent does
 from call_options import CallOptionsProbe, check_call_options
-from processes import alive, kill_all, processes, wait_until
+from processes import alive, parent_program, processes, shm_entries, wait_until
 
 import hwlaunch
 from hwlaunch import (
@@ -56,11 +54,6 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("clean_env")]
 
 
 # -- helpers -------------------------------------------------------------------------------
-def my_shm_entries(pid: int) -> list[str]:
-    """What a parent of this pid would have named in /dev/shm (others' entries are not ours)."""
-    return [name for name in os.listdir("/dev/shm") if f"hwlaunch-{pid}" in name]
-
-
 def echo_reader(endpoint: ShmEndpoint) -> None:
     """A reader process: send back every message, until b"stop" or the parent is gone."""
     while True:
@@ -248,7 +241,7 @@ def test_the_memory_has_no_name_and_goes_with_its_last_holder() -> None:
 
     try:
         assert memfds() and all(link.startswith("/memfd:") for link in memfds())
-        assert my_shm_entries(os.getpid()) == []
+        assert shm_entries(os.getpid()) == []
     finally:
         channel.close()
     assert memfds() == []
@@ -300,34 +293,18 @@ def test_worker_killed_mid_call_fails_it_within_a_second(
 def test_parent_sigkill_leaves_no_worker_and_no_shm(method: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
     env |= {"HWLAUNCH_RPC_CHANNEL": "shm", "HWLAUNCH_RPC_SPIN": "0.05"}
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "busy_parent.py"), method, str(tmp_path)],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    workers: list[psutil.Process] = []
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        assert line, proc.stderr.read() if proc.stderr else ""
-        workers = processes(json.loads(line)["workers"])
+    command = [sys.executable, str(SCRIPTS / "busy_parent.py"), method, str(tmp_path)]
+    with parent_program(command, cwd=tmp_path, env=env) as (proc, workers):
         wait_until(lambda: len(os.listdir(tmp_path)) == 2, 60, "both workers in the RPC")
         for worker in workers:  # the workers do map the channel's memory
             maps = Path(f"/proc/{worker.pid}/maps").read_text()
             assert f"memfd:hwlaunch-{proc.pid}-rpc" in maps
-        assert my_shm_entries(proc.pid) == []
+        assert shm_entries(proc.pid) == []
         proc.kill()
         assert proc.wait(10) == -signal.SIGKILL
         took = wait_until(lambda: not alive(workers), 3.0, "workers to follow")
         print(f"figure: {method} shm: workers gone {took * 1000:.0f} ms after parent SIGKILL")
-        assert my_shm_entries(proc.pid) == []
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        kill_all(workers)
+        assert shm_entries(proc.pid) == []
 
 
 @pytest.mark.parametrize("method", METHODS)

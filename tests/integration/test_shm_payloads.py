@@ -12,10 +12,8 @@ parent SIGKILLed during a 64 MiB transfer leaves no process and no shared memory
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +23,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from processes import alive, kill_all, processes, wait_until
+from processes import alive, parent_program, shm_entries, wait_until
 
 import hwlaunch
 from hwlaunch.executor._callable_cache import CachedPickle
@@ -303,18 +301,9 @@ def _memfd_holders(parent: int) -> list[str]:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_parent_sigkill_mid_transfer_leaves_nothing(method: str, clean_env: Path) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "transfer_parent.py"), method],
-        env={k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    workers: list[psutil.Process] = []
-    try:
-        line = proc.stdout.readline() if proc.stdout else ""
-        assert line, proc.stderr.read() if proc.stderr else ""
-        workers = processes(json.loads(line)["workers"])
+    command = [sys.executable, str(SCRIPTS / "transfer_parent.py"), method]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
+    with parent_program(command, env=env) as (proc, workers):
         for _ in range(3):  # 64 MiB round trips under way, one after another
             assert proc.stdout is not None and proc.stdout.readline()
         assert _memfd_holders(proc.pid)
@@ -322,9 +311,4 @@ def test_parent_sigkill_mid_transfer_leaves_nothing(method: str, clean_env: Path
         assert proc.wait(10) == -signal.SIGKILL
         wait_until(lambda: not alive(workers), 5.0, "workers to follow their parent")
         wait_until(lambda: not _memfd_holders(proc.pid), 5.0, "the channel memory to go")
-        assert [name for name in os.listdir("/dev/shm") if f"hwlaunch-{proc.pid}" in name] == []
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(10)
-        kill_all(workers)
+        assert shm_entries(proc.pid) == []
