@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from plugin_sites import hwlaunch_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -17,15 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def hwlaunch(
     *args: str, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
-    return subprocess.run(
-        [sys.executable, "-m", "hwlaunch.cli", *args],
-        cwd=cwd,
-        env={**base, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=280,
-    )
+    return hwlaunch_cli(None, *args, cwd=cwd, timeout=280, **(env or {}))
 
 
 def run_json(*args: str, cwd: Path) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import psutil
 import pytest
+from plugin_sites import hwlaunch_cli
 
 from hwlaunch.errors import ConfigError
 
@@ -475,29 +476,19 @@ def test_a_log_dir_that_cannot_be_made_fails_before_any_worker_starts(clean_env:
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= before
 
 
-def hwlaunch_cli(
-    cwd: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
-    return subprocess.run(
-        [sys.executable, "-m", "hwlaunch.cli", *args],
-        cwd=cwd,
-        env={**environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_the_plan_shows_the_log_directory_with_its_source(tmp_path: Path) -> None:
-    done = hwlaunch_cli(tmp_path, "resolve", "-n", "2", "--log-dir", "logs", "--json")
+    done = hwlaunch_cli(
+        None, "resolve", "-n", "2", "--log-dir", "logs", "--json", cwd=tmp_path, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["log_dir"] == str(tmp_path / "logs")
     (decision,) = [d for d in plan["decisions"] if d["setting"] == "log_dir"]
     assert (decision["value"], decision["source"]) == (str(tmp_path / "logs"), "--log-dir")
     assert "rank<R>.attempt<N>.stdout" in decision["reason"]
-    table = hwlaunch_cli(tmp_path, "resolve", "-n", "2", env={"HWLAUNCH_LOG_DIR": "logs"})
+    table = hwlaunch_cli(
+        None, "resolve", "-n", "2", cwd=tmp_path, timeout=120, HWLAUNCH_LOG_DIR="logs"
+    )
     assert "env HWLAUNCH_LOG_DIR" in table.stdout and "log_dir" in table.stdout
 
 
@@ -524,7 +515,7 @@ def test_the_plan_shows_the_log_directory_with_its_source(tmp_path: Path) -> Non
 def test_a_bad_output_setting_is_an_error_naming_its_source_and_the_allowed_form(
     tmp_path: Path, args: tuple[str, ...], env: dict[str, str], says: str
 ) -> None:
-    done = hwlaunch_cli(tmp_path, "resolve", "-n", "2", *args, env=env)
+    done = hwlaunch_cli(None, "resolve", "-n", "2", *args, cwd=tmp_path, timeout=120, **env)
     assert done.returncode == 2
     assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
 
