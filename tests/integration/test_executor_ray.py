@@ -45,6 +45,7 @@ ray = pytest.importorskip("ray")
 cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 from call_options import CallOptionsProbe, check_call_options  # noqa: E402
+from processes import wait_until  # noqa: E402
 
 from hwlaunch.executor.base import free_port  # noqa: E402
 from hwlaunch.executor.ray import (  # noqa: E402
@@ -731,13 +732,6 @@ def start_dying_driver(
     return proc, json.loads(proc.stdout.readline()), markers
 
 
-def wait_for_markers(markers: Path, count: int, timeout: float) -> list[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and len(list(markers.iterdir())) < count:
-        time.sleep(0.1)
-    return sorted(p.name for p in markers.iterdir())
-
-
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
 def test_a_dead_drivers_actors_run_their_shutdown_then_go(
     connected: Any, tmp_path: Path, how: signal.Signals
@@ -753,14 +747,12 @@ def test_a_dead_drivers_actors_run_their_shutdown_then_go(
         # SIGTERM: ray.init() installed a handler in the driver, sys.exit(15), so the driver's
         # own exit hooks shut the executor down; SIGKILL leaves it to the lifeline.
         assert proc.wait(30) == (15 if how == signal.SIGTERM else -how)
-        assert wait_for_markers(markers, 2, 30) == ["shutdown-0", "shutdown-1"]
+        wait_until(lambda: len(list(markers.iterdir())) >= 2, 30, "both ranks' shutdown()")
+        assert sorted(p.name for p in markers.iterdir()) == ["shutdown-0", "shutdown-1"]
         assert sorted(int(p.read_text()) for p in markers.iterdir()) == sorted(pids)
         assert wait_gone(pids, 30) == []
-        deadline = time.monotonic() + 30
         (name,) = new
-        while time.monotonic() < deadline and our_placement_groups()[name] != "REMOVED":
-            time.sleep(0.2)
-        assert our_placement_groups()[name] == "REMOVED"
+        wait_until(lambda: our_placement_groups()[name] == "REMOVED", 30, "the group removed")
     finally:
         proc.kill()
         proc.wait()
@@ -777,7 +769,8 @@ def test_a_killed_driver_of_its_own_local_ray_still_gets_each_shutdown_then_all_
         assert {p.pid for p in tree} >= set(pids)  # the instance is the driver's own
         proc.kill()
         assert proc.wait(30) == -signal.SIGKILL
-        assert wait_for_markers(markers, 2, 30) == ["shutdown-0", "shutdown-1"]
+        wait_until(lambda: len(list(markers.iterdir())) >= 2, 30, "both ranks' shutdown()")
+        assert sorted(p.name for p in markers.iterdir()) == ["shutdown-0", "shutdown-1"]
         assert wait_gone([p.pid for p in tree], 60) == []
     finally:
         proc.kill()

@@ -258,7 +258,7 @@ class RayExecutor(Executor):
                 f"ranks on {len(set(node_of_rank))} (strategy {strategy} is best-effort)"
             )
         local = local_ranks(node_of_rank)
-        self._create_actors(order, local)
+        self._create_actors(order, local, group.lifeline.address)
         places = self._await(
             [a.place.remote(plan.ray_resource, r == 0) for r, a in enumerate(group.actors)],
             deadline,
@@ -290,7 +290,9 @@ class RayExecutor(Executor):
         self._await(starts, deadline, self._started)
         group.start_monitor()
 
-    def _create_actors(self, order: list[int], local: list[tuple[int, int]]) -> None:
+    def _create_actors(
+        self, order: list[int], local: list[tuple[int, int]], lifeline: tuple[str, int]
+    ) -> None:
         """One actor per rank in its bundle, with the rank's variables from process start."""
         group, plan, ray = self._group, self.plan, self._group.ray
         strategies = importlib.import_module("ray.util.scheduling_strategies")
@@ -302,8 +304,6 @@ class RayExecutor(Executor):
         inherited.update(actor_ray_config(plan.shutdown_timeout))
         if plan.ray_noset_visibility_var:
             inherited[plan.ray_noset_visibility_var] = "1"  # the binding, not Ray, sets it
-        assert group.lifeline is not None
-        lifeline = group.lifeline.address
         for rank, bundle in enumerate(order):
             env = worker_environment(plan, rank, local[rank][0], "", 0, local[rank][1])
             for key in ("MASTER_ADDR", "MASTER_PORT", plan.device_control_env_var):
