@@ -41,6 +41,11 @@ def colour_wanted(stream: object) -> bool:
         return False
     if os.environ.get("FORCE_COLOR"):
         return True
+    return is_terminal(stream)
+
+
+def is_terminal(stream: object) -> bool:
+    """``stream`` is a terminal; a stream without ``isatty``, or closed, is not."""
     isatty = getattr(stream, "isatty", None)
     try:
         return bool(callable(isatty) and isatty())

@@ -27,6 +27,7 @@ from typing import Any
 from hwlaunch.errors import WorkerDiedError, WorkerStartupError, describe_exitcode
 from hwlaunch.executor._callable_cache import CachedPickle
 from hwlaunch.executor._mainprep import main_entry, withholding_main
+from hwlaunch.executor._output import is_terminal
 from hwlaunch.executor._runtime import Failure, Request
 from hwlaunch.executor.base import (
     Executor,
@@ -69,13 +70,6 @@ def _global_start_method_kept() -> Iterator[None]:
     finally:
         if was_unset:
             default._actual_context = None
-
-
-def _is_terminal(stream: Any) -> bool:
-    try:
-        return bool(stream is not None and stream.isatty())
-    except (AttributeError, OSError, ValueError):
-        return False
 
 
 class MultiprocExecutor(Executor):
@@ -134,9 +128,10 @@ class MultiprocExecutor(Executor):
         death_r, death_w = ctx.Pipe(duplex=False)
         group.death_w = death_w
         group.channel = open_channel(plan.rpc_channel, plan.world_size, plan.rpc_spin)
-        for rank in range(plan.world_size):
-            options = self._child_options(rank, extension, init_distributed, master_port)
-            self._spawn(ctx, rank, options, death_r, death_w)
+        with quiet_own_fork(plan.start_method):  # the threads are looked at once per launch
+            for rank in range(plan.world_size):
+                options = self._child_options(rank, extension, init_distributed, master_port)
+                self._spawn(ctx, rank, options, death_r, death_w)
         death_r.close()
         self._output.start()
         self._await_ready()
@@ -173,7 +168,7 @@ class MultiprocExecutor(Executor):
             # only safe from the main thread, or from the fork server's.
             pdeathsig=threading.current_thread() is threading.main_thread() or forkserver,
             parent_pid=None if forkserver else os.getpid(),
-            line_buffered=_is_terminal(sys.stdout),
+            line_buffered=is_terminal(sys.stdout),
         )
 
     def _spawn(
@@ -224,8 +219,7 @@ class MultiprocExecutor(Executor):
             if self._server is not None:
                 start_through(self._server, process)
             else:
-                with quiet_own_fork(self.plan.start_method):
-                    process.start()
+                process.start()
         group.processes.append(process)
         group.pids.append(process.pid)
         group.identities.append(process_tree.identify(process.pid))
