@@ -47,7 +47,8 @@ def only_own_threads() -> bool:
 
 @contextlib.contextmanager
 def quiet_own_fork(start_method: str | None) -> Iterator[None]:
-    """Around a worker's ``Process.start()``: no fork warning caused by hwlaunch's own threads."""
+    """Around the ``Process.start()`` of a launch's workers: no fork warning caused by
+    hwlaunch's own threads (looked at once, before the first worker starts)."""
     if start_method != "fork" or not only_own_threads():
         yield
         return
