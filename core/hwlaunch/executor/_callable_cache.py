@@ -21,6 +21,15 @@ a function that travels by value enters as its own key, recursively. Anything el
 a dict, an array, an instance, a class of ``__main__``) can change without its identity
 changing, so a function that holds one is not cached: it is pickled anew on every call.
 
+Computing the key costs a few microseconds, more than the rest of a call's overhead in the
+parent. So for a function whose key holds only values that cannot change in place (atoms,
+tuples and frozensets of them, modules, builtin functions: no function or class, whose own
+content or importability could change), the cache also remembers what the key was computed
+from, by identity: the code, the names and docstring, the defaults, each keyword default, cell
+content, ``__dict__`` and annotation entry, and the value of each global name. While every one
+of those is the very same object, the key is the same, and the form is reused without
+computing it again.
+
 What is cached is the pickled form alone, at most ``CAPACITY`` of them (least recently used
 go first); the process-based executors' workers keep the unpickled function for a cached form
 (by its digest), so a cached function is one object in the worker from call to call, as a
@@ -30,6 +39,7 @@ named method of the worker is.
 from __future__ import annotations
 
 import hashlib
+import operator
 import sys
 import threading
 import types
@@ -159,8 +169,77 @@ def callable_key(fn: Callable[..., Any]) -> tuple[tuple[Any, ...], list[Any]] | 
         return None
 
 
+# id(function) -> (the function, kept so that its id is not reused; its inputs; its form)
+_unchanged: OrderedDict[int, tuple[Any, tuple[Any, ...], CachedPickle]] = OrderedDict()
+_SECTION = object()  # between the parts of the inputs, so that no entry can move unseen
+_MISSING = object()  # a global name the function's globals do not hold
+_is = operator.is_
+
+
+def _inputs(fn: types.FunctionType) -> tuple[Any, ...] | None:
+    """Every object a function's key is computed from, flat, in a fixed order; None where a
+    cell is empty."""
+    code = fn.__code__
+    flat = [code, fn.__name__, fn.__qualname__, fn.__module__, fn.__doc__, fn.__defaults__]
+    for mapping in (fn.__kwdefaults__, fn.__dict__, fn.__annotations__):
+        flat.append(_SECTION)
+        if mapping:
+            for item in mapping.items():
+                flat += item
+    flat.append(_SECTION)
+    try:
+        for cell in fn.__closure__ or ():
+            flat.append(cell.cell_contents)
+    except ValueError:  # an empty cell
+        return None
+    flat.append(_SECTION)
+    names = fn.__globals__
+    for name in _global_names(code):
+        flat.append(names.get(name, _MISSING))
+    return tuple(flat)
+
+
+def _immutable(value: Any) -> bool:
+    """A value whose identity tells its pickle: it cannot change in place."""
+    cls = type(value)
+    if cls in _ATOMS or isinstance(value, _BY_IDENTITY):
+        return True
+    if cls is tuple or cls is frozenset:
+        return all(_immutable(item) for item in value)
+    return False
+
+
+def _unchanged_form(fn: Any) -> CachedPickle | None:
+    """The form cached for this very function, where nothing its key is made of changed."""
+    entry = _unchanged.get(id(fn))
+    if entry is None:
+        return None
+    inputs = _inputs(fn)
+    known = entry[1]
+    if inputs is None or len(inputs) != len(known) or not all(map(_is, inputs, known)):
+        return None
+    return entry[2]
+
+
+def _remember_inputs(fn: types.FunctionType, form: CachedPickle) -> None:
+    inputs = _inputs(fn)
+    if inputs is None or not all(
+        _immutable(v) for v in inputs[1:] if v is not _SECTION and v is not _MISSING
+    ):
+        return
+    with _lock:
+        _unchanged[id(fn)] = (fn, inputs, form)
+        _unchanged.move_to_end(id(fn))
+        while len(_unchanged) > CAPACITY:
+            _unchanged.popitem(last=False)
+
+
 def pickled_once(fn: Callable[..., Any], pickle: Callable[[Any], bytes]) -> bytes:
     """``pickle(fn)``, or the form pickled earlier under the same key (a CachedPickle)."""
+    if type(fn) is types.FunctionType:
+        unchanged = _unchanged_form(fn)
+        if unchanged is not None:
+            return unchanged
     keyed = callable_key(fn)
     if keyed is None:
         return pickle(fn)
@@ -169,11 +248,13 @@ def pickled_once(fn: Callable[..., Any], pickle: Callable[[Any], bytes]) -> byte
         hit = _cache.get(key)
         if hit is not None:
             _cache.move_to_end(key)
-            return hit[1]
-    form = CachedPickle(pickle(fn))
-    form.digest = hashlib.blake2b(form, digest_size=16).digest()
-    with _lock:
-        _cache[key] = (codes, form)  # the entry keeps the code objects its key names by id
-        while len(_cache) > CAPACITY:
-            _cache.popitem(last=False)
+            form = hit[1]
+    if hit is None:
+        form = CachedPickle(pickle(fn))
+        form.digest = hashlib.blake2b(form, digest_size=16).digest()
+        with _lock:
+            _cache[key] = (codes, form)  # the entry keeps the code objects its key names by id
+            while len(_cache) > CAPACITY:
+                _cache.popitem(last=False)
+    _remember_inputs(fn, form)  # type: ignore[arg-type]
     return form
