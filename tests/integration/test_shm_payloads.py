@@ -138,7 +138,7 @@ def assert_same(got: Any, sent: Any, what: str) -> None:
 def _bytes_of(tensor: torch.Tensor) -> bytes:
     """The elements' bytes in order (numpy's copy of a strided tensor, not torch's)."""
     ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    flat = tensor.detach()
+    flat = tensor.detach().resolve_neg()  # small tensors only: no parallel copy
     if flat.dtype.is_complex:
         return flat.resolve_conj().numpy().tobytes()
     return flat.view(ints[flat.element_size()]).numpy().tobytes()
@@ -165,6 +165,8 @@ def test_zero_dimensional_and_odd_tensors(executor: Any) -> None:
         torch.tensor(True),
         np.array(2.5),
         torch.ones(2, 3, dtype=torch.complex64).conj(),  # a conjugate bit: resolved once
+        torch.full((4,), 1 + 2j, dtype=torch.complex64).conj().imag,  # a real one, negative bit
+        torch.arange(12, dtype=torch.int32).reshape(3, 4)[1:, 1:3],  # an offset, strided view
         torch.ones(3, requires_grad=True),  # a leaf that requires grad still does
         torch.nn.Parameter(torch.ones(2)),  # a subclass: torch's own pickling, as before
         memoryview(b"read only"),

@@ -25,6 +25,7 @@ stream, then each buffer from a 64-byte boundary.
 
 from __future__ import annotations
 
+import ctypes
 import pickle
 import struct
 import sys
@@ -70,13 +71,14 @@ class Frame:
     right after it is made.
     """
 
-    __slots__ = ("buffers", "copies", "parts", "size", "stream_size")
+    __slots__ = ("buffers", "copies", "keep", "parts", "size", "stream_size")
 
     def __init__(self) -> None:
         self.parts: list[Any] = []  # bytes, bytearray or PickleBuffer: the stream, in order
         self.stream_size = 0
         self.buffers: list[memoryview] = []  # out-of-band, each flat ("B")
         self.copies: list[bool] = []  # True: this module's rebuild function copies the buffer
+        self.keep: list[Any] = []  # owners of buffers that view memory without holding it
         self.size = 0
 
     def write(self, data: Any) -> int:
@@ -120,18 +122,19 @@ class Frame:
 def _tensor_from(data: memoryview, dtype: Any, shape: tuple[int, ...], grad: bool) -> Any:
     """A new CPU tensor holding a copy of ``data`` (a view that stays valid only for the call).
 
-    Its memory is a numpy array's: numpy's allocator reuses freed memory, where a fresh
-    ``torch.empty`` of a megabyte faults in new pages on every call (about 5x the copy); and
-    the copy is numpy's (one ``memcpy``), where torch's ``copy_`` splits it over its intra-op
-    threads. Such a tensor cannot be resized in place (``resize_``), like ``torch.from_numpy``'s.
+    Two torch calls at most (``frombuffer``; ``view`` for a shape of other than one dimension):
+    right after a megabyte has been copied, the processor's caches hold none of torch's code,
+    and each torch call then costs some 10 to 40 µs, more than the rest of the decoding. The
+    memory is a ``bytearray``'s (one ``memcpy``, and the allocator's freed memory reused, where
+    a fresh ``torch.empty`` of a megabyte faults in new pages on every call). Such a tensor
+    cannot be resized in place (``resize_``), like ``torch.frombuffer``'s.
     """
-    import numpy
     import torch
 
     if data.nbytes:
-        memory = numpy.empty(data.nbytes, dtype=numpy.uint8)
-        numpy.copyto(memory, numpy.frombuffer(data, dtype=numpy.uint8))
-        out = torch.from_numpy(memory).view(dtype).reshape(shape)
+        out = torch.frombuffer(bytearray(data), dtype=dtype)
+        if len(shape) != 1:
+            out = out.view(shape)
     else:
         out = torch.empty(shape, dtype=dtype)
     return out.requires_grad_() if grad else out
@@ -155,43 +158,64 @@ def _memoryview_from(data: memoryview, fmt: str, shape: tuple[int, ...], readonl
     return view.toreadonly() if readonly else view
 
 
-def _reduce_tensor(tensor: Any, torch: Any) -> tuple[Any, ...] | None:
+def _reduce_tensor(tensor: Any, torch: Any, keep: list[Any]) -> tuple[Any, ...] | None:
     """A CPU tensor's memory as one out-of-band buffer; None: torch's own pickling.
 
     Kept by torch (None): subclasses (``nn.Parameter``), other devices, sparse or quantized
-    tensors, and non-leaf tensors that require grad (torch refuses those).
+    tensors, and non-leaf tensors that require grad (torch refuses those). A contiguous
+    tensor's memory is handed over where it lies, found with getters only (no torch operation:
+    see :func:`_tensor_from`); ``keep`` holds the tensor until the frame is written.
     """
+    dtype = tensor.dtype
     if (
-        tensor.device.type != "cpu"
-        or tensor.layout != torch.strided
-        or tensor.is_quantized
+        not tensor.is_cpu
+        or tensor.layout is not torch.strided
+        or dtype in _quantized(torch)
         or (tensor.requires_grad and not tensor.is_leaf)
     ):
         return None
+    if tensor.is_neg() or (dtype.is_complex and tensor.is_conj()):
+        tensor = tensor.resolve_conj().resolve_neg()
+    shape = tuple(tensor.shape)
     try:
-        raw = _bytes_of(tensor.detach().resolve_conj().resolve_neg(), torch)
+        raw = _memory_of(tensor, torch, keep)
     except (RuntimeError, TypeError, ImportError):  # no numpy
         return None
-    return _tensor_from, (raw, tensor.dtype, tuple(tensor.shape), tensor.requires_grad)
+    return _tensor_from, (raw, dtype, shape, tensor.requires_grad)
 
 
-def _bytes_of(tensor: Any, torch: Any) -> Any:
-    """The tensor's elements as a flat uint8 numpy array, in order: a view of its memory when
-    it is contiguous, else one copy made by numpy. Not torch's ``contiguous()``: a large copy
-    there is a parallel operation, which starts torch's OpenMP pool in the caller's process,
-    and a process with that pool can no longer fork workers safely."""
+def _memory_of(tensor: Any, torch: Any, keep: list[Any]) -> Any:
+    """The tensor's elements as flat bytes, in order: its own memory when it is contiguous,
+    else one copy made by numpy. Not torch's ``contiguous()``: a large copy there is a
+    parallel operation, which starts torch's OpenMP pool in the caller's process, and a
+    process with that pool can no longer fork workers safely."""
     if tensor.is_contiguous():
-        return tensor.reshape(-1).view(torch.uint8).numpy()  # keeps the tensor alive
+        keep.append(tensor)
+        return _view_memory(tensor.data_ptr(), tensor.nbytes, _READ)
     import numpy
 
     same_size = _SAME_SIZE_INTS.get(tensor.element_size())
     if same_size is None:  # 16-byte elements (complex128): no numpy integer of that size
         return tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
-    ints = tensor.view(getattr(torch, same_size)).numpy()  # the same strides, as integers
+    ints = tensor.detach().view(getattr(torch, same_size)).numpy()  # the same strides
     return numpy.ascontiguousarray(ints).reshape(-1).view(numpy.uint8)
 
 
 _SAME_SIZE_INTS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+# A memoryview of raw memory (no owner: the frame keeps the tensor that owns it).
+_view_memory = ctypes.pythonapi.PyMemoryView_FromMemory
+_view_memory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
+_view_memory.restype = ctypes.py_object
+_READ = 0x100  # PyBUF_READ
+_QUANTIZED: frozenset[Any] | None = None
+
+
+def _quantized(torch: Any) -> frozenset[Any]:
+    global _QUANTIZED
+    if _QUANTIZED is None:
+        names = ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+        _QUANTIZED = frozenset(getattr(torch, n) for n in names if hasattr(torch, n))
+    return _QUANTIZED
 
 
 def _reduce_memoryview(view: memoryview) -> tuple[Any, ...] | None:
@@ -205,6 +229,7 @@ class _Encoder:
     """What both picklers share: the reducers, and every buffer out of band."""
 
     ours: dict[int, pickle.PickleBuffer]  # the buffers our reducers made (kept: ids stay unique)
+    keep: list[Any]  # what owns the memory of a buffer that does not hold its owner
 
     def reducer_override(self, obj: Any) -> Any:
         cls = type(obj)
@@ -215,7 +240,7 @@ class _Encoder:
             torch = sys.modules.get("torch")
             numpy = sys.modules.get("numpy")
             if torch is not None and cls is torch.Tensor:
-                reduced = _reduce_tensor(obj, torch)
+                reduced = _reduce_tensor(obj, torch, self.keep)
             elif numpy is not None and cls is numpy.ndarray and _scattered(obj):
                 # Contiguous once; numpy's own reduction then hands its memory over.
                 return numpy.ascontiguousarray(obj).__reduce_ex__(5)
@@ -260,6 +285,7 @@ def _dump(pickler_class: type[_Plain] | type[_ByValue], obj: Any) -> Frame:
 
     pickler = pickler_class(frame, protocol=5, buffer_callback=out_of_band)
     pickler.ours = ours
+    pickler.keep = frame.keep
     pickler.dump(obj)
     frame.size = frame._layout()
     return frame
