@@ -6,16 +6,17 @@ copies it out again; torch's own pickling adds a storage pickle on top. Here a l
 copied once on each side, as a raw memory copy would be:
 
 - **out-of-band buffers** (``pickle.PickleBuffer``, ``buffer_callback``): a numpy array, a CPU
-  torch tensor and a ``memoryview`` hand their memory to the pickler as a buffer, which the
-  channel copies straight from the object's memory into shared memory;
+  torch tensor and a ``memoryview`` hand their memory to the pickler as a buffer
+  (``hwlaunch.executor.mp._reductions``), which the channel copies straight from the object's
+  memory into shared memory;
 - **large byte strings** (64 KiB and more: ``bytes``, ``bytearray``): the C pickler hands them
   to its file's ``write`` as the object itself, outside its own buffer; :class:`Frame` keeps the
   reference and the channel copies from it, so they are not copied into a pickle first either.
 
 The receiving side decodes in place, from a view of shared memory: the unpickler copies each
 large byte string once into the new object, and every out-of-band buffer is copied once into
-memory of its own (a torch tensor straight into a new tensor, anything else into a
-``bytearray`` that a numpy array then views). Nothing that the caller or the worker receives
+memory of its own (a ``bytearray`` that the tensor, numpy array or memoryview rebuilt from it
+then uses). Nothing that the caller or the worker receives
 views shared memory, so the channel may reuse it as soon as decoding ends.
 
 A frame's layout, from an offset aligned to 64 bytes: the stream length and the buffer count,
@@ -25,16 +26,15 @@ stream, then each buffer from a 64-byte boundary.
 
 from __future__ import annotations
 
-import ctypes
 import pickle
 import struct
-import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import cloudpickle
 
 from hwlaunch.executor._runtime import Failure
+from hwlaunch.executor.mp._reductions import DUMPING, by_value_reduction, dispatch_table
 
 __all__ = [
     "ALIGN",
@@ -55,8 +55,6 @@ FRAME = b"F"  # a plain pickle (the usual small call or reply) starts with PROTO
 FRAME_BYTE = FRAME[0]
 _BYTES = (bytes, bytearray)
 _ENTRY = struct.Struct("<QB")  # buffer length, 1: the rebuild function copies it itself
-# memoryview formats a received view can be cast back to (struct's native single characters).
-_CASTABLE = frozenset("bBhHiIlLqQnNefd?cP")
 
 
 def align(n: int) -> int:
@@ -71,7 +69,7 @@ class Frame:
     right after it is made.
     """
 
-    __slots__ = ("buffers", "copies", "keep", "parts", "size", "stream_size")
+    __slots__ = ("buffers", "copies", "keep", "ours", "parts", "size", "stream_size")
 
     def __init__(self) -> None:
         self.parts: list[Any] = []  # bytes, bytearray or PickleBuffer: the stream, in order
@@ -79,6 +77,7 @@ class Frame:
         self.buffers: list[memoryview] = []  # out-of-band, each flat ("B")
         self.copies: list[bool] = []  # True: this module's rebuild function copies the buffer
         self.keep: list[Any] = []  # owners of buffers that view memory without holding it
+        self.ours: dict[int, pickle.PickleBuffer] = {}  # made by _reductions (kept: ids unique)
         self.size = 0
 
     def write(self, data: Any) -> int:
@@ -87,6 +86,14 @@ class Frame:
         self.parts.append(data)
         self.stream_size += n
         return n
+
+    def out_of_band(self, buffer: pickle.PickleBuffer) -> bool:
+        """The pickler's ``buffer_callback``: every buffer travels out of band, copied from
+        where it lies when the frame is written; the ones ``_reductions`` made are copied by
+        their rebuild functions."""
+        self.buffers.append(buffer.raw())
+        self.copies.append(id(buffer) in self.ours)
+        return False
 
     def _layout(self) -> int:
         end = _HEADER.size + _ENTRY.size * len(self.buffers) + self.stream_size
@@ -119,174 +126,33 @@ class Frame:
 
 
 # -- encoding ----------------------------------------------------------------------------
-def _tensor_from(data: memoryview, dtype: Any, shape: tuple[int, ...], grad: bool) -> Any:
-    """A new CPU tensor holding a copy of ``data`` (a view that stays valid only for the call).
+class _Plain(pickle.Pickler):
+    """Plain pickle; the reducers of ``_reductions`` sit in its ``dispatch_table``, which
+    :func:`_dump` renews when ``_reductions`` made it anew (it follows copyreg's)."""
 
-    Two torch calls at most (``frombuffer``; ``view`` for a shape of other than one dimension):
-    right after a megabyte has been copied, the processor's caches hold none of torch's code,
-    and each torch call then costs some 10 to 40 µs, more than the rest of the decoding. The
-    memory is a ``bytearray``'s (one ``memcpy``, and the allocator's freed memory reused, where
-    a fresh ``torch.empty`` of a megabyte faults in new pages on every call). Such a tensor
-    cannot be resized in place (``resize_``), like ``torch.frombuffer``'s.
-    """
-    import torch
-
-    if data.nbytes:
-        out = torch.frombuffer(bytearray(data), dtype=dtype)
-        if len(shape) != 1:
-            out = out.view(shape)
-    else:
-        out = torch.empty(shape, dtype=dtype)
-    return out.requires_grad_() if grad else out
+    dispatch_table: ClassVar[dict[type, Any]] = {}  # type: ignore[misc]
 
 
-def _memoryview_from(data: memoryview, fmt: str, shape: tuple[int, ...], readonly: bool) -> Any:
-    whole: Any = memoryview(bytearray(data))  # Any: the format is known at run time only
-    flat = whole.cast(fmt)
-    view: Any
-    if not shape:  # 0-d: ``cast`` makes none; a slice of one element, cast to no dimension
-        view = flat[0:1].cast("B").cast(fmt, [])
-    elif len(shape) == 1:
-        view = flat
-    elif 0 not in shape:
-        view = flat.cast("B").cast(fmt, shape)
-    else:  # empty in more than one dimension: no cast makes that shape, numpy's view does
-        import numpy
-
-        empty: Any = numpy.empty(shape, dtype=fmt)
-        view = memoryview(empty)
-    return view.toreadonly() if readonly else view
-
-
-def _reduce_tensor(tensor: Any, torch: Any, keep: list[Any]) -> tuple[Any, ...] | None:
-    """A CPU tensor's memory as one out-of-band buffer; None: torch's own pickling.
-
-    Kept by torch (None): subclasses (``nn.Parameter``), other devices, sparse or quantized
-    tensors, and non-leaf tensors that require grad (torch refuses those). A contiguous
-    tensor's memory is handed over where it lies, found with getters only (no torch operation:
-    see :func:`_tensor_from`); ``keep`` holds the tensor until the frame is written.
-    """
-    dtype = tensor.dtype
-    if (
-        not tensor.is_cpu
-        or tensor.layout is not torch.strided
-        or dtype in _quantized(torch)
-        or (tensor.requires_grad and not tensor.is_leaf)
-    ):
-        return None
-    if tensor.is_neg() or (dtype.is_complex and tensor.is_conj()):
-        tensor = tensor.resolve_conj().resolve_neg()
-    shape = tuple(tensor.shape)
-    try:
-        raw = _memory_of(tensor, torch, keep)
-    except (RuntimeError, TypeError, ImportError):  # no numpy
-        return None
-    return _tensor_from, (raw, dtype, shape, tensor.requires_grad)
-
-
-def _memory_of(tensor: Any, torch: Any, keep: list[Any]) -> Any:
-    """The tensor's elements as flat bytes, in order: its own memory when it is contiguous,
-    else one copy made by numpy. Not torch's ``contiguous()``: a large copy there is a
-    parallel operation, which starts torch's OpenMP pool in the caller's process, and a
-    process with that pool can no longer fork workers safely."""
-    if tensor.is_contiguous():
-        keep.append(tensor)
-        return _view_memory(tensor.data_ptr(), tensor.nbytes, _READ)
-    import numpy
-
-    same_size = _SAME_SIZE_INTS.get(tensor.element_size())
-    if same_size is None:  # 16-byte elements (complex128): no numpy integer of that size
-        return tensor.contiguous().reshape(-1).view(torch.uint8).numpy()
-    ints = tensor.detach().view(getattr(torch, same_size)).numpy()  # the same strides
-    return numpy.ascontiguousarray(ints).reshape(-1).view(numpy.uint8)
-
-
-_SAME_SIZE_INTS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
-# A memoryview of raw memory (no owner: the frame keeps the tensor that owns it).
-_view_memory = ctypes.pythonapi.PyMemoryView_FromMemory
-_view_memory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
-_view_memory.restype = ctypes.py_object
-_READ = 0x100  # PyBUF_READ
-_QUANTIZED: frozenset[Any] | None = None
-
-
-def _quantized(torch: Any) -> frozenset[Any]:
-    global _QUANTIZED
-    if _QUANTIZED is None:
-        names = ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
-        _QUANTIZED = frozenset(getattr(torch, n) for n in names if hasattr(torch, n))
-    return _QUANTIZED
-
-
-def _reduce_memoryview(view: memoryview) -> tuple[Any, ...] | None:
-    if view.format not in _CASTABLE:
-        return None  # pickle's own error: a memoryview cannot be pickled
-    flat = view.cast("B") if view.c_contiguous and view.nbytes else memoryview(view.tobytes())
-    return _memoryview_from, (flat, view.format, view.shape, view.readonly)
-
-
-class _Encoder:
-    """What both picklers share: the reducers, and every buffer out of band."""
-
-    ours: dict[int, pickle.PickleBuffer]  # the buffers our reducers made (kept: ids stay unique)
-    keep: list[Any]  # what owns the memory of a buffer that does not hold its owner
-
-    def reducer_override(self, obj: Any) -> Any:
-        cls = type(obj)
-        reduced: tuple[Any, ...] | None = None
-        if cls is memoryview:
-            reduced = _reduce_memoryview(obj)
-        else:
-            torch = sys.modules.get("torch")
-            numpy = sys.modules.get("numpy")
-            if torch is not None and cls is torch.Tensor:
-                reduced = _reduce_tensor(obj, torch, self.keep)
-            elif numpy is not None and cls is numpy.ndarray and _scattered(obj):
-                # Contiguous once; numpy's own reduction then hands its memory over.
-                return numpy.ascontiguousarray(obj).__reduce_ex__(5)
-        if reduced is None:
-            return self.fallback(obj)
-        rebuild, (data, *rest) = reduced
-        buffer = pickle.PickleBuffer(data)
-        self.ours[id(buffer)] = buffer
-        return rebuild, (buffer, *rest)
-
-    def fallback(self, obj: Any) -> Any:
-        return NotImplemented
-
-
-def _scattered(array: Any) -> bool:
-    """A numpy array whose memory numpy cannot hand over as one buffer (a strided view)."""
-    flags = array.flags
-    return not (flags.c_contiguous or flags.f_contiguous) and not array.dtype.hasobject
-
-
-class _Plain(_Encoder, pickle.Pickler):
-    pass
-
-
-class _ByValue(_Encoder, cloudpickle.Pickler):  # type: ignore[misc]
+class _ByValue(cloudpickle.Pickler):  # type: ignore[misc]
     """cloudpickle (a lambda or a class of ``__main__`` among the arguments or in a result),
     with the same buffers apart."""
 
-    def fallback(self, obj: Any) -> Any:
-        return cloudpickle.Pickler.reducer_override(self, obj)
+    def reducer_override(self, obj: Any) -> Any:
+        reduced = by_value_reduction(obj)
+        return cloudpickle.Pickler.reducer_override(self, obj) if reduced is None else reduced
 
 
 def _dump(pickler_class: type[_Plain] | type[_ByValue], obj: Any) -> Frame:
-    frame, ours = Frame(), dict[int, pickle.PickleBuffer]()
-
-    def out_of_band(buffer: pickle.PickleBuffer) -> bool:
-        """Every buffer travels out of band, copied from where it lies when the frame is
-        written; the ones our reducers made are copied by their rebuild functions."""
-        frame.buffers.append(buffer.raw())
-        frame.copies.append(id(buffer) in ours)
-        return False
-
-    pickler = pickler_class(frame, protocol=5, buffer_callback=out_of_band)
-    pickler.ours = ours
-    pickler.keep = frame.keep
-    pickler.dump(obj)
+    frame = Frame()
+    table = dispatch_table()
+    if _Plain.dispatch_table is not table:  # a class attribute: the pickler reads it once
+        _Plain.dispatch_table = table
+    DUMPING.ours, DUMPING.keep = frame.ours, frame.keep
+    try:
+        pickler = pickler_class(frame, protocol=5, buffer_callback=frame.out_of_band)
+        pickler.dump(obj)
+    finally:
+        DUMPING.ours = DUMPING.keep = None  # the thread keeps nothing of the message
     frame.size = frame._layout()
     return frame
 
