@@ -5,7 +5,8 @@
 
 In one parent (torch imported first, as an engine has), interleaved round by round in a new
 (seeded) random order each round, so that a burst of load from elsewhere hits every contender
-alike; every call timed on its own, medians reported:
+alike, and the contenders of one executor and size call by call (see ``batches``); every call
+timed on its own, medians reported:
 
 - the floor (``_floor.py``): a parent and a forked child copying the same bytes through an
   ``mmap`` with a sequence byte, polling with ``sched_yield`` as the channel does: 1 byte,
@@ -18,7 +19,10 @@ alike; every call timed on its own, medians reported:
 - the CPU time of idle shm workers over 5 s (1 and 4 workers), after the spin window.
 
 Between two contenders the parent waits out the spin window, so that workers still polling
-after one contender's calls do not take CPU from the next. The targets are checked on the
+after one contender's calls do not take CPU from the next, and the quiet time that a sign of
+contention starts (``QUIET_AFTER_CONTENTION``: the channel blocks instead of polling), so that
+one contender's calls on an executor do not decide how the next contender's calls on the same
+executor wait. The targets are checked on the
 medians of this one run; ``--baseline`` names the JSON of an earlier run (``--out``), whose
 named no-op the named no-op must not be slower than. ``--out`` writes every sample as JSON.
 """
@@ -37,6 +41,8 @@ from typing import Any
 
 from _contenders import Echo  # benchmarks/ on sys.path
 from _floor import Floor
+
+from hwlaunch.executor.mp._shm_wait import QUIET_AFTER_CONTENTION
 
 MIB = 1024 * 1024
 CALLS = {"noop": 200, "1MiB": 30, "16MiB": 5}  # per contender and round
@@ -104,26 +110,43 @@ def _calls(name: str) -> int:
     return next(count for prefix, count in CALLS.items() if what.startswith(prefix))
 
 
+def batches(cases: dict[str, Case]) -> list[list[str]]:
+    """The contenders that run interleaved, call by call (one executor's calls of one size:
+    the named and the lambda no-op, the ``bytes`` and the tensor echo), so that whatever
+    state the machine is in during a batch (where the scheduler put the two processes, what
+    runs beside them) is the same for both sides of their ratio; a floor runs on its own."""
+    grouped: dict[tuple[str, str], list[str]] = {}
+    for name in cases:
+        group, what = name.split("/")
+        grouped.setdefault((group, what.split("-")[0]), []).append(name)
+    return list(grouped.values())
+
+
 def time_rounds(cases: dict[str, Case], rounds: int, window: float) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    order = list(cases.items())
-    for _, start in order:  # warm-up: every path once (the callable's first trip too)
+    for start in cases.values():  # warm-up: every path once (the callable's first trip too)
         call, end = start()
         call()
         end()
+    order = batches(cases)
     shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        shuffle(order)  # no contender always runs right after the same other one
-        for name, start in order:
-            time.sleep(window + 0.02)  # the previous contender's workers stop polling
-            call, end = start()
-            times = samples[name]
-            for _ in range(_calls(name)):
-                began = time.perf_counter()
-                call()
-                times.append(time.perf_counter() - began)
-            end()
+        shuffle(order)  # no batch always runs right after the same other one
+        for names in order:
+            time.sleep(max(window, QUIET_AFTER_CONTENTION) + 0.02)  # see the docstring
+            _time_batch(cases, names, samples)
     return samples
+
+
+def _time_batch(cases: dict[str, Case], names: list[str], samples: dict[str, list[float]]) -> None:
+    started = [(samples[name], *cases[name]()) for name in names]
+    for index in range(_calls(names[0])):
+        for times, call, _ in started if index % 2 else reversed(started):  # ABBA...
+            began = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - began)
+    for _, _, end in started:
+        end()
 
 
 def idle_fractions(executor: Any, window: float) -> list[float]:

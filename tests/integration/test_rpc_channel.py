@@ -91,12 +91,13 @@ class Readers:
                 raise ChannelLost(rank)
 
     def round_trip(self, data: bytes, timeout: float = 60) -> dict[int, bytes]:
+        """``data`` to every reader and back (copied out: nothing lent)."""
         self.channel.send(data, self.alive, time.monotonic() + timeout)
         got: dict[int, bytes] = {}
         sentinels = [p.sentinel for p in self.processes]
         while len(got) < len(self.processes):
             pending = [r for r in range(len(self.processes)) if r not in got]
-            replies, ended = self.channel.receive(pending, timeout, sentinels, bytes)
+            replies, ended = self.channel.receive(pending, timeout, sentinels, _copy)
             assert replies and not ended, f"no reply within {timeout}s (ended: {ended})"
             got.update(replies)
         return got
@@ -141,6 +142,10 @@ def launch(*, channel: str = "shm", spin: float | None = None, **kwargs: Any) ->
         rpc_spin=spin,
         **kwargs,
     )
+
+
+def _copy(view: memoryview | bytes, lent: list[memoryview] | None) -> bytes:
+    return bytes(view)
 
 
 # -- the channel on its own ------------------------------------------------------------------

@@ -25,7 +25,16 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Dumping", "by_value_reduction", "dispatch_table", "memoryview_from", "tensor_from"]
+__all__ = [
+    "DUMPING",
+    "LENDING",
+    "Dumping",
+    "Lending",
+    "by_value_reduction",
+    "dispatch_table",
+    "memoryview_from",
+    "tensor_from",
+]
 
 # memoryview formats a received view can be cast back to (struct's native single characters).
 _CASTABLE = frozenset("bBhHiIlLqQnNefd?cP")
@@ -35,7 +44,9 @@ _QUANTIZED_NAMES = ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
 _view_memory = ctypes.pythonapi.PyMemoryView_FromMemory
 _view_memory.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
 _view_memory.restype = ctypes.py_object
-_READ = 0x100  # PyBUF_READ
+# Writable, though the frame only reads it: a read-only buffer is unpickled as a view of its
+# own, which a lender could not follow (a lent tensor must reference the view it was given).
+_WRITE = 0x200  # PyBUF_WRITE
 
 
 class Dumping(threading.local):
@@ -50,6 +61,16 @@ class Dumping(threading.local):
 DUMPING = Dumping()
 
 
+class Lending(threading.local):
+    """Whether the message decoded on this thread lends its memory: a rebuilt tensor then
+    views the buffer it is given instead of copying it (see ``ShmChannel``'s replies)."""
+
+    on = False
+
+
+LENDING = Lending()
+
+
 def _ours(rebuild: Callable[..., Any], data: Any, *rest: Any) -> tuple[Any, ...]:
     buffer = pickle.PickleBuffer(data)
     DUMPING.ours[id(buffer)] = buffer
@@ -58,16 +79,18 @@ def _ours(rebuild: Callable[..., Any], data: Any, *rest: Any) -> tuple[Any, ...]
 
 # -- tensors -------------------------------------------------------------------------------------
 def tensor_from(data: memoryview, dtype: str, shape: tuple[int, ...], grad: bool) -> Any:
-    """A new CPU tensor holding a copy of ``data``: two torch calls at most (``frombuffer``;
-    ``view`` for a shape of other than one dimension). The memory is a ``bytearray``'s (one
-    ``memcpy``, into memory the allocator reuses, where a fresh ``torch.empty`` of a megabyte
-    faults in new pages on every call). Such a tensor cannot be resized in place (``resize_``),
-    like ``torch.frombuffer``'s."""
+    """A new CPU tensor holding a copy of ``data``, or viewing it where the message lends its
+    memory (:data:`LENDING`): two torch calls at most (``frombuffer``; ``view`` for a shape of
+    other than one dimension). A copy's memory is a ``bytearray``'s (one ``memcpy``, into
+    memory the allocator reuses, where a fresh ``torch.empty`` of a megabyte faults in new
+    pages on every call). Such a tensor cannot be resized in place (``resize_``), like
+    ``torch.frombuffer``'s."""
     import torch
 
     kind = getattr(torch, dtype)
     if data.nbytes:
-        out = torch.frombuffer(bytearray(data), dtype=kind)
+        lend = LENDING.on and type(data) is memoryview and not data.readonly
+        out = torch.frombuffer(data if lend else bytearray(data), dtype=kind)
         if len(shape) != 1:
             out = out.view(shape)
     else:
@@ -107,7 +130,7 @@ def _memory_of(tensor: Any, torch: Any) -> Any:
     process with that pool can no longer fork workers safely."""
     if tensor.is_contiguous():
         DUMPING.keep.append(tensor)
-        return _view_memory(tensor.data_ptr(), tensor.nbytes, _READ)
+        return _view_memory(tensor.data_ptr(), tensor.nbytes, _WRITE)
     import numpy
 
     same_size = _SAME_SIZE_INTS.get(tensor.element_size())

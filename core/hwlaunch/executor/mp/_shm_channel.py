@@ -12,10 +12,14 @@ last process that maps it ends), every part starting on a cache line of its own:
 - the parent's line: its *sleeping* byte;
 - one line per reader: its *sleeping* byte, then its *consumed* byte (the sequence byte of the
   last message it took);
+- one line per reader that the parent writes: whether it holds each of the reader's two reply
+  areas (see *lent replies*);
 - a ring of ``chunks`` chunks: a header line (the *sequence* byte, the message length) and
   ``chunk_bytes`` of data;
 - one reply slot per reader: a header line (the sequence byte of the message it answers, the
-  length) and ``slot_bytes`` of data.
+  length, and which of the reader's two areas holds the reply) and ``slot_bytes`` of data (the
+  first area);
+- the second reply area of each reader, ``slot_bytes`` each.
 
 Message ``n`` (counted from 1) goes into chunk ``n % chunks`` with sequence byte ``n & 0xFF``,
 written after the data; a reader waits for that byte, and its reply carries the same byte. The
@@ -28,6 +32,18 @@ grown to the largest message it carried and kept mapped, so a large payload is c
 into shared memory, never through a pipe. Its length in the ring or slot carries ``SPILLED``.
 A reader decodes a message where it lies and marks it consumed with its answer; the writer
 spills again only once every reader has taken the message before.
+
+*Lent replies*: the parent decodes a reply in place, and the CPU tensors in it view the reply
+area instead of a copy of it (one copy of a large result fewer), where the reader's other area
+is free. (A numpy array is copied: it holds its memory through a view of its own, which the
+parent cannot follow; a tensor references the very view it was given.) The area is then the caller's for as long as anything views it:
+after the decoding, and before each later request, the parent looks at the references to the
+views it gave out, and marks the area free again once nothing but itself holds them. A reader
+answers into a free area; since the parent lends an area only while the other one is free,
+there always is one, and a result the caller keeps merely makes later replies of that reader
+copies (as every reply of a spill file, or of the pipe channel, is). What stays lent is
+memory the workers can reach: a process forked from the parent later shares, rather than
+copies, a result it still holds.
 
 Waiting (``hwlaunch.executor.mp._shm_wait``): a party polls while the CPUs have room, then
 blocks on a wake pipe. Writer and readers never wait forever on each other: the parent's waits
@@ -43,6 +59,7 @@ import os
 import platform
 import select
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -60,6 +77,7 @@ T = TypeVar("T")
 _now = time.monotonic
 Buffer = bytes | bytearray | memoryview
 Message = Buffer | Frame
+Decode = Callable[[memoryview | bytes, "list[memoryview] | None"], T]
 
 CHUNK_BYTES = 4 * 1024 * 1024
 CHUNKS = 4
@@ -72,6 +90,9 @@ LINE = 64  # one cache line, so that parties polling different flags do not shar
 _LEN = struct.Struct("<Q")
 LENGTH_AT = 8  # in a chunk or slot header: the sequence byte at 0, the length here
 SPILLED = 1 << 63  # length flag: the message lies in the spill file, from its start
+SECOND = 1 << 62  # reply length flag: the reply lies in the reader's second area
+_FLAGS = SPILLED | SECOND
+_VIEW_REFERENCES = 3  # of a view nobody else holds: its list, the loop's name, getrefcount's
 
 # x86 keeps stores in order and loads in order: data written before a flag is seen before it.
 _TOTAL_STORE_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
@@ -170,11 +191,19 @@ class Geometry:
         self.slot_bytes = slot_bytes
         chunk_stride = _round_up(LINE + chunk_bytes)
         slot_stride = _round_up(LINE + slot_bytes)
-        ring = LINE * (1 + readers)
+        lends = LINE * (1 + readers)
+        ring = lends + LINE * readers
         slots = ring + chunks * chunk_stride
+        seconds = slots + readers * slot_stride
+        self.lend_at = [lends + LINE * rank for rank in range(readers)]
         self.chunk_at = [ring + index * chunk_stride for index in range(chunks)]
         self.slot_at = [slots + rank * slot_stride for rank in range(readers)]
-        self.size = slots + readers * slot_stride
+        # where each reader's two reply areas start (the first right after its header line)
+        self.area_at = [
+            (at + LINE, seconds + rank * _round_up(slot_bytes))
+            for rank, at in enumerate(self.slot_at)
+        ]
+        self.size = seconds + readers * _round_up(slot_bytes)
 
     @staticmethod
     def line(party: int) -> int:
@@ -184,6 +213,16 @@ class Geometry:
 
 def _round_up(n: int) -> int:
     return (n + LINE - 1) // LINE * LINE
+
+
+_CLOSED_MAP = mmap.mmap(-1, 1)  # what a closed channel holds instead of a mapping still lent
+_CLOSED_MAP.close()
+
+
+def _release(views: list[memoryview]) -> None:
+    for view in views:
+        with contextlib.suppress(BufferError):  # exported after all: it goes with its holder
+            view.release()
 
 
 # -- the parent's side -----------------------------------------------------------------------
@@ -215,6 +254,7 @@ class ShmChannel:
         self._consumed = [g.line(1 + r) + 1 for r in range(readers)]
         self._sent = 0  # messages sent so far; the last one's sequence byte is its low byte
         self._poller: tuple[tuple[int, ...], Any] | None = None
+        self._lent: dict[tuple[int, int], list[memoryview]] = {}  # (rank, area): the views
         self._closed = False
 
     def endpoint(self, rank: int, conn: Connection | None = None) -> ShmEndpoint:
@@ -246,6 +286,8 @@ class ShmChannel:
         """Write one message, ``head + data``, for every reader; ``alive()`` raises when a
         reader is gone. A message larger than a chunk goes into the spill file."""
         g, mm = self.geometry, self.mm
+        if self._lent:
+            self._take_back()  # before the request: the readers look at the areas after it
         n = self._sent + 1
         self._wait_free(n, alive, deadline)
         at = g.chunk_at[n % g.chunks]
@@ -295,15 +337,17 @@ class ShmChannel:
         pending: Collection[int],
         timeout: float | None,
         sentinels: Sequence[int],
-        decode: Callable[[memoryview | bytes], T],
+        decode: Decode[T],
     ) -> tuple[list[tuple[int, T]], list[int]]:
         """Replies ``(rank, decode(view))`` to the last message that have arrived from
         ``pending`` ranks, and the ``sentinels`` that became ready; both empty when ``timeout``
         passed first.
 
         Polls while the CPUs have room until every pending rank answered, then blocks on the
-        wake pipe and the sentinels until one more does. ``decode`` must not raise; the view
-        it gets (bytes for a small reply) is valid only during the call.
+        wake pipe and the sentinels until one more does. ``decode(view, lent)`` must not
+        raise; the view it gets (bytes for a small reply) is valid only during the call,
+        unless ``lent`` is a list: then it may lend the view's memory to what it returns (see
+        *lent replies*), and puts every view it gave out into ``lent``.
         """
         mm, slot_at, seq = self.mm, self.geometry.slot_at, self._sent & 0xFF
         ended: list[int] = []
@@ -322,17 +366,42 @@ class ShmChannel:
             ended += self._ready_sentinels(sentinels, 0)
         return replies, ended
 
-    def _decode(self, rank: int, at: int, decode: Callable[[memoryview | bytes], T]) -> T:
+    def _decode(self, rank: int, at: int, decode: Decode[T]) -> T:
         (length,) = _LEN.unpack_from(self.mm, at + LENGTH_AT)
+        area = 1 if length & SECOND else 0
+        size = length & ~_FLAGS
         if length & SPILLED:
-            length &= ~SPILLED
-            memory, start = self._reply_spills[rank].memory(length, grow=False), 0
-        elif length <= COPY_MAX_BYTES:  # one small allocation is cheaper than two views
-            return decode(self.mm[at + LINE : at + LINE + length])
+            spill = self._reply_spills[rank].memory(size, grow=False)
+            with memoryview(spill) as whole, whole[:size] as view:
+                return decode(view, None)
+        start = self.geometry.area_at[rank][area]
+        if size <= COPY_MAX_BYTES:  # one small allocation is cheaper than two views
+            return decode(self.mm[start : start + size], None)
+        # Lent only while the other area is free, so that the reader always has one.
+        lent: list[memoryview] | None = None if (rank, 1 - area) in self._lent else []
+        with memoryview(self.mm) as whole, whole[start : start + size] as view:
+            value = decode(view, lent)
+        if lent:
+            self._hold(rank, area, lent)
+        return value
+
+    def _hold(self, rank: int, area: int, views: list[memoryview]) -> None:
+        """Keep the area while anything but this list references a view of it."""
+        getrefcount = sys.getrefcount
+        if any(getrefcount(view) > _VIEW_REFERENCES for view in views):
+            self._lent[rank, area] = views
+            self.mm[self.geometry.lend_at[rank] + area] = 1
         else:
-            memory, start = self.mm, at + LINE
-        with memoryview(memory) as whole, whole[start : start + length] as view:
-            return decode(view)
+            _release(views)
+
+    def _take_back(self) -> None:
+        """Mark free every lent area whose views nobody holds any more."""
+        getrefcount = sys.getrefcount
+        for (rank, area), views in list(self._lent.items()):
+            if all(getrefcount(view) <= _VIEW_REFERENCES for view in views):
+                del self._lent[rank, area]
+                _release(views)
+                self.mm[self.geometry.lend_at[rank] + area] = 0
 
     def _await(
         self,
@@ -378,12 +447,17 @@ class ShmChannel:
         return [fd for fd, _ in events if fd != self._wake_r]
 
     def close(self) -> None:
-        """Unmap and close every descriptor; the memory is freed when the workers are gone."""
+        """Unmap and close every descriptor; the memory is freed when the workers are gone
+        (and a lent area's when the last result that views it is)."""
         if self._closed:
             return
         self._closed = True
         self._poller = None
-        self.mm.close()
+        self._lent.clear()
+        try:
+            self.mm.close()
+        except BufferError:  # a lent result still views it: unmapped when the last one goes
+            self.mm = _CLOSED_MAP
         spills = [self._spill, *self._reply_spills]
         for spill in spills:
             spill.close_map()
@@ -434,6 +508,8 @@ class ShmEndpoint:
             self._chunk_at, self._chunks, self._slot_bytes = g.chunk_at, g.chunks, g.slot_bytes
             self._line = g.line(1 + self.rank)
             self._slot = g.slot_at[self.rank]
+            self._lend_at = g.lend_at[self.rank]
+            self._areas = g.area_at[self.rank]
             self._poller = select.poll()
             self._poller.register(self.wake_r.fd, select.POLLIN)
             self._spinner = Spinner(self.spin)
@@ -494,13 +570,17 @@ class ShmEndpoint:
         mm = self._mm or self._map()
         mm[self._line + 1] = self._taken & 0xFF
         at = self._slot
+        # The first area, unless the parent lent it (it never holds both: see lent replies).
+        second = mm[self._lend_at]
+        start = self._areas[second]
+        flag = SECOND if second else 0
         if type(data) is bytes and len(data) <= self._slot_bytes:  # the usual small reply
             size = len(data)
-            mm[at + LINE : at + LINE + size] = data
-            _LEN.pack_into(mm, at + LENGTH_AT, size)
+            mm[start : start + size] = data
+            _LEN.pack_into(mm, at + LENGTH_AT, size | flag)
         elif (size := _size(data)) <= self._slot_bytes:
-            _put(mm, at + LINE, b"", data)
-            _LEN.pack_into(mm, at + LENGTH_AT, size)
+            _put(mm, start, b"", data)
+            _LEN.pack_into(mm, at + LENGTH_AT, size | flag)
         else:
             _put(self._reply_spill.memory(size, grow=True), 0, b"", data)
             _LEN.pack_into(mm, at + LENGTH_AT, size | SPILLED)

@@ -34,7 +34,12 @@ from typing import Any, ClassVar
 import cloudpickle
 
 from hwlaunch.executor._runtime import Failure
-from hwlaunch.executor.mp._reductions import DUMPING, by_value_reduction, dispatch_table
+from hwlaunch.executor.mp._reductions import (
+    DUMPING,
+    LENDING,
+    by_value_reduction,
+    dispatch_table,
+)
 
 __all__ = [
     "ALIGN",
@@ -230,7 +235,8 @@ def encode_reply(reply: tuple[Any, ...]) -> Frame | bytes:
 # -- decoding ----------------------------------------------------------------------------
 def _buffers(view: memoryview, at: int, entries: list[tuple[int, int]]) -> Iterator[Any]:
     """The out-of-band buffers, in order: a view of shared memory where this module's rebuild
-    function copies it, else a copy of its own (numpy's arrays view what they are given)."""
+    function copies it (or, lent, keeps it), else a copy of its own (numpy's arrays view what
+    they are given, through a view of their own that a lender cannot follow)."""
     for length, copies in entries:
         at = align(at)
         piece = view[at : at + length]
@@ -238,9 +244,13 @@ def _buffers(view: memoryview, at: int, entries: list[tuple[int, int]]) -> Itera
         at += length
 
 
-def decode(view: memoryview | bytes) -> Any:
+def decode(view: memoryview | bytes, lent: list[memoryview] | None = None) -> Any:
     """The object a message body (``view``, from a 64-byte boundary, or a small one's copy)
-    holds; views of ``view`` given out while decoding are released before this returns."""
+    holds. Views of ``view`` given out while decoding are released before this returns;
+    with ``lent`` (a list), the memory of ``view`` is lent instead: tensors view it where
+    they lie (``torch.frombuffer`` references the view it is given, for as long as any tensor
+    uses the memory), and every view given out goes into ``lent``, where the caller sees which
+    ones are still referenced (see ``ShmChannel``)."""
     if view[0] != FRAME_BYTE:
         return pickle.loads(view)
     if not isinstance(view, memoryview):
@@ -252,14 +262,20 @@ def decode(view: memoryview | bytes) -> Any:
         entries.append(_ENTRY.unpack_from(view, pos))
         pos += _ENTRY.size
     given: list[Any] = []
+    lending = lent is not None
+    LENDING.on = lending
     try:
         with view[pos : pos + stream_size] as stream:
             buffers = _kept(_buffers(view, pos + stream_size, entries), given)
             return pickle.loads(stream, buffers=buffers)
     finally:
+        LENDING.on = False
         for piece in given:
             if isinstance(piece, memoryview):
-                piece.release()
+                if lent is None:
+                    piece.release()
+                else:
+                    lent.append(piece)
 
 
 def _kept(pieces: Iterator[Any], given: list[Any]) -> Iterator[Any]:
@@ -268,13 +284,15 @@ def _kept(pieces: Iterator[Any], given: list[Any]) -> Iterator[Any]:
         yield piece
 
 
-def decode_reply(view: memoryview | bytes) -> tuple[int | None, bool, Any]:
+def decode_reply(
+    view: memoryview | bytes, lent: list[memoryview] | None = None
+) -> tuple[int | None, bool, Any]:
     """``(rpc_id, ok, value)``; a reply that cannot be decoded here (e.g. a result whose class
-    the parent cannot import) is a Failure of the call it answers."""
+    the parent cannot import) is a Failure of the call it answers. ``lent``: see decode()."""
     try:
         reply: tuple[int, bool, Any]
         # A plain pickle (the usual small reply) without the call to decode().
-        reply = pickle.loads(view) if view[0] != FRAME_BYTE else decode(view)
+        reply = pickle.loads(view) if view[0] != FRAME_BYTE else decode(view, lent)
         return reply
     except Exception as exc:
         return None, False, Failure.current(exc)
