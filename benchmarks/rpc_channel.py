@@ -5,7 +5,7 @@
 
 In one parent (torch imported first, as an engine has), interleaved round by round in a new
 (seeded) random order each round, so that a burst of load from elsewhere hits every contender
-alike, and the contenders of one executor and size call by call (see ``batches``); every call
+alike, and one executor's named and lambda no-ops call by call (see ``batches``); every call
 timed on its own, medians reported:
 
 - the floor (``_floor.py``): a parent and a forked child copying the same bytes through an
@@ -42,7 +42,10 @@ from typing import Any
 from _contenders import Echo  # benchmarks/ on sys.path
 from _floor import Floor
 
-from hwlaunch.executor.mp._shm_wait import QUIET_AFTER_CONTENTION
+try:
+    from hwlaunch.executor.mp._shm_wait import QUIET_AFTER_CONTENTION
+except ImportError:  # a --baseline run of a version without it
+    QUIET_AFTER_CONTENTION = 0.25
 
 MIB = 1024 * 1024
 CALLS = {"noop": 200, "1MiB": 30, "16MiB": 5}  # per contender and round
@@ -111,14 +114,14 @@ def _calls(name: str) -> int:
 
 
 def batches(cases: dict[str, Case]) -> list[list[str]]:
-    """The contenders that run interleaved, call by call (one executor's calls of one size:
-    the named and the lambda no-op, the ``bytes`` and the tensor echo), so that whatever
-    state the machine is in during a batch (where the scheduler put the two processes, what
-    runs beside them) is the same for both sides of their ratio; a floor runs on its own."""
-    grouped: dict[tuple[str, str], list[str]] = {}
+    """The contenders that run interleaved, call by call: one executor's named and lambda
+    no-ops, so that whatever state the machine is in during a batch (where the scheduler put
+    the two processes, what runs beside them) is the same for both sides of their ratio.
+    Every other contender (a payload, a floor) runs in a batch of its own."""
+    grouped: dict[str, list[str]] = {}
     for name in cases:
         group, what = name.split("/")
-        grouped.setdefault((group, what.split("-")[0]), []).append(name)
+        grouped.setdefault(f"{group}/noop" if what.startswith("noop-") else name, []).append(name)
     return list(grouped.values())
 
 

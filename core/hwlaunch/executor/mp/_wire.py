@@ -16,8 +16,9 @@ copied once on each side, as a raw memory copy would be:
 The receiving side decodes in place, from a view of shared memory: the unpickler copies each
 large byte string once into the new object, and every out-of-band buffer is copied once into
 memory of its own (a ``bytearray`` that the tensor, numpy array or memoryview rebuilt from it
-then uses). Nothing that the caller or the worker receives
-views shared memory, so the channel may reuse it as soon as decoding ends.
+then uses), so the channel may reuse the shared memory as soon as decoding ends. Except where
+the caller lends it (``decode(view, lent)``: the parent's replies, see ``ShmChannel``): tensors
+then view it where they lie.
 
 A frame's layout, from an offset aligned to 64 bytes: the stream length and the buffer count,
 per buffer its length and whether this module's own rebuild function copies it, the pickle
