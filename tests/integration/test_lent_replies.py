@@ -86,6 +86,8 @@ def test_a_large_result_is_lent_and_its_area_comes_back(executor: Any) -> None:
     # While the caller holds the first results, each rank's other area answers, copied.
     second = executor.collective_rpc("tensor", (2,))
     assert not any(_in_channel_memory(t) for t in second)
+    assert executor.collective_rpc("echo", (7,)) == [7, 7]  # small replies there too
+    assert [_bytes(t) for t in first] == [_content(r, 1, MIB).tobytes() for r in (0, 1)]
     del first, second
     gc.collect()
     again = executor.collective_rpc("tensor", (3,))

@@ -36,9 +36,10 @@ spills again only once every reader has taken the message before.
 *Lent replies*: the parent decodes a reply in place, and the CPU tensors in it view the reply
 area instead of a copy of it (one copy of a large result fewer), where the reader's other area
 is free. (A numpy array is copied: it holds its memory through a view of its own, which the
-parent cannot follow; a tensor references the very view it was given.) The area is then the caller's for as long as anything views it:
-after the decoding, and before each later request, the parent looks at the references to the
-views it gave out, and marks the area free again once nothing but itself holds them. A reader
+parent cannot follow; a tensor references the very view it was given.) The area is then the
+caller's for as long as anything views it: after the decoding, and before each later request,
+the parent looks at the references to the views it gave out, and marks the area free again
+once nothing but itself holds them. A reader
 answers into a free area; since the parent lends an area only while the other one is free,
 there always is one, and a result the caller keeps merely makes later replies of that reader
 copies (as every reply of a spill file, or of the pipe channel, is). What stays lent is
@@ -92,7 +93,6 @@ LENGTH_AT = 8  # in a chunk or slot header: the sequence byte at 0, the length h
 SPILLED = 1 << 63  # length flag: the message lies in the spill file, from its start
 SECOND = 1 << 62  # reply length flag: the reply lies in the reader's second area
 _FLAGS = SPILLED | SECOND
-_VIEW_REFERENCES = 3  # of a view nobody else holds: its list, the loop's name, getrefcount's
 
 # x86 keeps stores in order and loads in order: data written before a flag is seen before it.
 _TOTAL_STORE_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
@@ -217,6 +217,21 @@ def _round_up(n: int) -> int:
 
 _CLOSED_MAP = mmap.mmap(-1, 1)  # what a closed channel holds instead of a mapping still lent
 _CLOSED_MAP.close()
+
+
+def _referenced(views: list[memoryview]) -> bool:
+    """Whether anything besides ``views`` references one of them: a tensor made from it
+    (``torch.frombuffer`` keeps a reference to the view it is given, for as long as any tensor
+    uses that memory). Counted against a probe that only this function and the list hold, so
+    that the count does not depend on how the interpreter holds a loop's items."""
+    probe = memoryview(b"")
+    views.append(probe)
+    try:
+        counts = [sys.getrefcount(view) for view in views]
+    finally:
+        views.pop()
+    free = counts.pop() - 1  # the probe has this function's name for it, the views do not
+    return any(count > free for count in counts)
 
 
 def _release(views: list[memoryview]) -> None:
@@ -387,8 +402,7 @@ class ShmChannel:
 
     def _hold(self, rank: int, area: int, views: list[memoryview]) -> None:
         """Keep the area while anything but this list references a view of it."""
-        getrefcount = sys.getrefcount
-        if any(getrefcount(view) > _VIEW_REFERENCES for view in views):
+        if _referenced(views):
             self._lent[rank, area] = views
             self.mm[self.geometry.lend_at[rank] + area] = 1
         else:
@@ -396,9 +410,8 @@ class ShmChannel:
 
     def _take_back(self) -> None:
         """Mark free every lent area whose views nobody holds any more."""
-        getrefcount = sys.getrefcount
         for (rank, area), views in list(self._lent.items()):
-            if all(getrefcount(view) <= _VIEW_REFERENCES for view in views):
+            if not _referenced(views):
                 del self._lent[rank, area]
                 _release(views)
                 self.mm[self.geometry.lend_at[rank] + area] = 0
