@@ -212,7 +212,7 @@ def _immutable(value: Any) -> bool:
 def _unchanged_form(fn: Any) -> CachedPickle | None:
     """The form cached for this very function, where nothing its key is made of changed."""
     entry = _unchanged.get(id(fn))
-    if entry is None:
+    if entry is None or entry[0] is not fn:  # (the entry keeps its function: ids stay unique)
         return None
     inputs = _inputs(fn)
     known = entry[1]
