@@ -80,6 +80,33 @@ def run_json_script(
     return result
 
 
+def mp_launch(worker_extension: type, **options: Any) -> Any:
+    """cpu workers under the mp executor, without a process group: 2 of them over the shm
+    channel unless ``options`` (``hwlaunch.launch`` keywords) say otherwise."""
+    import hwlaunch
+
+    settings: dict[str, Any] = {
+        "backend": "cpu",
+        "executor": "mp",
+        "world_size": 2,
+        "rpc_channel": "shm",
+        "init_distributed": False,
+    }
+    return hwlaunch.launch(worker_extension=worker_extension, **(settings | options))
+
+
+def channel_memory(pid: int, parent: int) -> tuple[int, int]:
+    """How many mappings and descriptors process ``pid`` has of the memory files of
+    ``parent``'s shm channels (``hwlaunch-<parent>-rpc``, its spill files included)."""
+    mark = f"hwlaunch-{parent}-rpc"
+    maps = Path(f"/proc/{pid}/maps").read_text().count(mark)
+    links = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):  # closed meanwhile
+            links += mark in os.readlink(f"/proc/{pid}/fd/{fd}")
+    return maps, links
+
+
 def shm_entries(pid: int) -> list[str]:
     """What a parent of this pid would have named in /dev/shm (others' entries are not ours)."""
     return [name for name in os.listdir("/dev/shm") if f"hwlaunch-{pid}" in name]

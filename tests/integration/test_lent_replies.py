@@ -21,8 +21,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-
-import hwlaunch
+from processes import channel_memory, mp_launch
 
 METHODS = ["fork", "spawn", "forkserver"]
 MIB = 1024 * 1024
@@ -67,15 +66,7 @@ def _in_channel_memory(value: Any) -> bool:
 
 @pytest.fixture(scope="module", params=METHODS)
 def executor(request: pytest.FixtureRequest) -> Iterator[Any]:
-    with hwlaunch.launch(
-        backend="cpu",
-        executor="mp",
-        world_size=2,
-        start_method=request.param,
-        rpc_channel="shm",
-        init_distributed=False,
-        worker_extension=Source,
-    ) as launched:
+    with mp_launch(Source, start_method=request.param) as launched:
         yield launched
 
 
@@ -121,16 +112,8 @@ def test_an_echoed_tensor_sent_again_comes_back_whole(executor: Any) -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_a_lent_result_outlives_the_executor(method: str) -> None:
     """Readable after shutdown, with every worker gone; its memory goes with it."""
-    before = _channel_memory()
-    with hwlaunch.launch(
-        backend="cpu",
-        executor="mp",
-        world_size=1,
-        start_method=method,
-        rpc_channel="shm",
-        init_distributed=False,
-        worker_extension=Source,
-    ) as launched:
+    before = channel_memory(os.getpid(), os.getpid())
+    with mp_launch(Source, start_method=method, world_size=1) as launched:
         (result,) = launched.collective_rpc("tensor", (6, 2 * MIB))
         pids = launched.pids
     assert _in_channel_memory(result)
@@ -138,17 +121,4 @@ def test_a_lent_result_outlives_the_executor(method: str) -> None:
     assert _bytes(result) == _content(0, 6, 2 * MIB).tobytes()
     del result
     gc.collect()
-    assert _channel_memory() == before
-
-
-def _channel_memory() -> tuple[int, int]:
-    """How many mappings and descriptors of this process are of a channel's memory file."""
-    mark = f"hwlaunch-{os.getpid()}-rpc"
-    maps = Path("/proc/self/maps").read_text().count(mark)
-    links = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            links += mark in os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-    return maps, links
+    assert channel_memory(os.getpid(), os.getpid()) == before

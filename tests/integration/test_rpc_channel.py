@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import torch  # noqa: F401  imported before forking, as a real parent does
 from call_options import CallOptionsProbe, check_call_options
-from processes import alive, parent_program, processes, shm_entries, wait_until
+from processes import alive, mp_launch, parent_program, processes, shm_entries, wait_until
 
 import hwlaunch
 from hwlaunch import (
@@ -133,15 +133,7 @@ class Probe(CallOptionsProbe):
 
 
 def launch(*, channel: str = "shm", spin: float | None = None, **kwargs: Any) -> Any:
-    return hwlaunch.launch(
-        backend="cpu",
-        executor="mp",
-        init_distributed=False,
-        worker_extension=Probe,
-        rpc_channel=channel,
-        rpc_spin=spin,
-        **kwargs,
-    )
+    return mp_launch(Probe, rpc_channel=channel, rpc_spin=spin, **kwargs)
 
 
 def _copy(view: memoryview | bytes, lent: list[memoryview] | None) -> bytes:

@@ -23,9 +23,8 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from processes import alive, parent_program, shm_entries, wait_until
+from processes import alive, channel_memory, mp_launch, parent_program, shm_entries, wait_until
 
-import hwlaunch
 from hwlaunch.executor._callable_cache import CachedPickle
 from hwlaunch.executor._runtime import encode_method
 from hwlaunch.executor.mp._messages import CALL, request_head
@@ -70,15 +69,7 @@ class Keeper:
 
 @pytest.fixture(scope="module", params=METHODS)
 def executor(request: pytest.FixtureRequest) -> Iterator[Any]:
-    with hwlaunch.launch(
-        backend="cpu",
-        executor="mp",
-        world_size=2,
-        start_method=request.param,
-        rpc_channel="shm",
-        init_distributed=False,
-        worker_extension=Keeper,
-    ) as launched:
+    with mp_launch(Keeper, start_method=request.param) as launched:
         yield launched
 
 
@@ -285,18 +276,13 @@ def test_a_repeated_callable_is_pickled_once_and_kept_by_the_workers(executor: A
 # -- a parent SIGKILLed mid-transfer ---------------------------------------------------------------
 def _memfd_holders(parent: int) -> list[str]:
     """Every process that still maps or holds the parent's channel memory."""
-    mark = f"memfd:hwlaunch-{parent}-rpc"
     found = []
     for process in psutil.process_iter(["pid"]):
         try:
-            maps = Path(f"/proc/{process.pid}/maps").read_text()
-            links = [
-                os.readlink(f"/proc/{process.pid}/fd/{fd}")
-                for fd in os.listdir(f"/proc/{process.pid}/fd")
-            ]
-        except OSError:
+            held = any(channel_memory(process.pid, parent))
+        except OSError:  # gone, or not ours to read
             continue
-        if mark in maps or any(mark.removeprefix("memfd:") in link for link in links):
+        if held:
             found.append(f"pid {process.pid}")
     return found
 
