@@ -385,16 +385,16 @@ class ShmChannel:
         (length,) = _LEN.unpack_from(self.mm, at + LENGTH_AT)
         area = 1 if length & SECOND else 0
         size = length & ~_FLAGS
+        lent: list[memoryview] | None = None
         if length & SPILLED:
-            spill = self._reply_spills[rank].memory(size, grow=False)
-            with memoryview(spill) as whole, whole[:size] as view:
-                return decode(view, None)
-        start = self.geometry.area_at[rank][area]
-        if size <= COPY_MAX_BYTES:  # one small allocation is cheaper than two views
-            return decode(self.mm[start : start + size], None)
-        # Lent only while the other area is free, so that the reader always has one.
-        lent: list[memoryview] | None = None if (rank, 1 - area) in self._lent else []
-        with memoryview(self.mm) as whole, whole[start : start + size] as view:
+            memory, start = self._reply_spills[rank].memory(size, grow=False), 0
+        else:
+            memory, start = self.mm, self.geometry.area_at[rank][area]
+            if size <= COPY_MAX_BYTES:  # one small allocation is cheaper than two views
+                return decode(memory[start : start + size], None)
+            if (rank, 1 - area) not in self._lent:  # the reader always keeps one free area
+                lent = []
+        with memoryview(memory) as whole, whole[start : start + size] as view:
             value = decode(view, lent)
         if lent:
             self._hold(rank, area, lent)
