@@ -169,8 +169,9 @@ def callable_key(fn: Callable[..., Any]) -> tuple[tuple[Any, ...], list[Any]] | 
         return None
 
 
-# id(function) -> (the function, kept so that its id is not reused; its inputs; its form)
-_unchanged: OrderedDict[int, tuple[Any, tuple[Any, ...], CachedPickle]] = OrderedDict()
+# id(function) -> (the function, kept so that its id is not reused; its inputs; its form, or
+# None where an input could change in place)
+_unchanged: OrderedDict[int, tuple[Any, tuple[Any, ...], CachedPickle | None]] = OrderedDict()
 _SECTION = object()  # between the parts of the inputs, so that no entry can move unseen
 _MISSING = object()  # a global name the function's globals do not hold
 _is = operator.is_
@@ -209,26 +210,23 @@ def _immutable(value: Any) -> bool:
     return False
 
 
-def _unchanged_form(fn: Any) -> CachedPickle | None:
-    """The form cached for this very function, where nothing its key is made of changed."""
+def _remembered(fn: Any, inputs: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """The entry of this very function, where its inputs are the same objects as then."""
     entry = _unchanged.get(id(fn))
     if entry is None or entry[0] is not fn:  # (the entry keeps its function: ids stay unique)
         return None
-    inputs = _inputs(fn)
     known = entry[1]
-    if inputs is None or len(inputs) != len(known) or not all(map(_is, inputs, known)):
+    if len(inputs) != len(known) or not all(map(_is, inputs, known)):
         return None
-    return entry[2]
+    return entry
 
 
-def _remember_inputs(fn: types.FunctionType, form: CachedPickle) -> None:
-    inputs = _inputs(fn)
-    if inputs is None or not all(
-        _immutable(v) for v in inputs[1:] if v is not _SECTION and v is not _MISSING
-    ):
-        return
+def _remember(fn: Any, inputs: tuple[Any, ...], form: CachedPickle) -> None:
+    """Remember the inputs and the form; the form None where an input could change in place
+    (the function is then keyed on every call, and these inputs are not looked at again)."""
+    immutable = all(_immutable(v) for v in inputs[1:] if v is not _SECTION and v is not _MISSING)
     with _lock:
-        _unchanged[id(fn)] = (fn, inputs, form)
+        _unchanged[id(fn)] = (fn, inputs, form if immutable else None)
         _unchanged.move_to_end(id(fn))
         while len(_unchanged) > CAPACITY:
             _unchanged.popitem(last=False)
@@ -236,10 +234,10 @@ def _remember_inputs(fn: types.FunctionType, form: CachedPickle) -> None:
 
 def pickled_once(fn: Callable[..., Any], pickle: Callable[[Any], bytes]) -> bytes:
     """``pickle(fn)``, or the form pickled earlier under the same key (a CachedPickle)."""
-    if type(fn) is types.FunctionType:
-        unchanged = _unchanged_form(fn)
-        if unchanged is not None:
-            return unchanged
+    inputs = _inputs(fn) if type(fn) is types.FunctionType else None
+    entry = None if inputs is None else _remembered(fn, inputs)
+    if entry is not None and entry[2] is not None:
+        return entry[2]  # type: ignore[no-any-return]
     keyed = callable_key(fn)
     if keyed is None:
         return pickle(fn)
@@ -256,5 +254,6 @@ def pickled_once(fn: Callable[..., Any], pickle: Callable[[Any], bytes]) -> byte
             _cache[key] = (codes, form)  # the entry keeps the code objects its key names by id
             while len(_cache) > CAPACITY:
                 _cache.popitem(last=False)
-    _remember_inputs(fn, form)  # type: ignore[arg-type]
+    if inputs is not None and entry is None:  # not judged yet with these very inputs
+        _remember(fn, inputs, form)
     return form
