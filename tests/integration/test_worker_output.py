@@ -56,9 +56,14 @@ def report(**found):
 
 
 def run_driver(
-    tmp_path: Path, body: str, env: dict[str, str] | None = None, timeout: float = 240
+    tmp_path: Path,
+    body: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 240,
+    merged: bool = False,
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    """Run ``HEADER + body`` as a program; its console, and what it reported."""
+    """Run ``HEADER + body`` as a program; its console (``merged``: stdout and stderr in
+    one pipe, in the order they were written), and what it reported."""
     script = tmp_path / "driver.py"
     script.write_text(HEADER + textwrap.dedent(body))
     result = tmp_path / "result.json"
@@ -69,11 +74,12 @@ def run_driver(
         [sys.executable, str(script)],
         cwd=tmp_path,
         env=environ,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merged else subprocess.PIPE,
         text=True,
         timeout=timeout,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, (done.stderr or done.stdout)[-3000:]
     return done, json.loads(result.read_text())
 
 
@@ -262,6 +268,48 @@ def test_what_a_call_printed_comes_before_what_the_caller_prints_after_it(
         assert sorted(line.split("] ", 1)[1] for line in block[:-1]) == sorted(
             f"step {i} of {r}" for i in range(2000) for r in (0, 1)
         )
+
+
+def test_a_call_s_descriptor_level_writes_come_before_what_the_caller_prints_after_it(
+    tmp_path: Path,
+) -> None:
+    """Writes to fds 1 and 2 that bypass Python (C code, a child process) right before the
+    call returns: on the console before the caller's next line, call after call, with one
+    polling worker (whose own report on its pipes lets the parent skip its look) and two."""
+    done, _ = run_driver(
+        tmp_path,
+        """
+        import subprocess
+
+        def native(worker, call):
+            os.write(1, f"native out {call} of {worker.rank}\\n".encode())
+            if call % 10 == 0:
+                subprocess.run(["sh", "-c", f"echo child {call} of {worker.rank} >&2"])
+            os.write(2, f"native err {call} of {worker.rank}\\n".encode())
+
+        if __name__ == "__main__":
+            for n in (1, 2):
+                with hwlaunch.launch(world_size=n) as ex:
+                    for call in range(100):
+                        ex.collective_rpc(native, args=(call,))
+                        print(f"call {call} of {n} returned", flush=True)
+            report()
+        """,
+        merged=True,
+    )
+    seen: set[str] = set()
+    for line in done.stdout.splitlines():
+        text = line.split("] ", 1)[-1]
+        if " returned" in text:
+            call, n = int(text.split()[1]), int(text.split()[3])
+            for rank in range(n):
+                wanted = {f"native out {call} of {rank}", f"native err {call} of {rank}"}
+                if call % 10 == 0:
+                    wanted.add(f"child {call} of {rank}")
+                assert wanted <= seen, (text, wanted - seen)
+            seen.clear()
+        else:
+            seen.add(text)
 
 
 def run_on_terminal(tmp_path: Path, env: dict[str, str]) -> bytes:

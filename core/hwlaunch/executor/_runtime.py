@@ -186,7 +186,6 @@ def call(
     method: str | bytes | Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    *,
     own_process: bool = False,
 ) -> Any:
     """Run one RPC on the worker: a named method, or ``fn(worker, *args, **kwargs)``.
@@ -195,20 +194,20 @@ def call(
     callable's ``__main__`` functions (see :func:`adopt_main_objects`). A callable given as
     itself (one a worker kept from an earlier call) was adopted when it was unpickled.
     """
+    if isinstance(method, str):  # the usual call first
+        target = getattr(worker, method, None)
+        if target is None or method.startswith("_") or not callable(target):
+            raise AttributeError(
+                f"{type(worker).__name__} has no public method {method!r}; pass a "
+                "worker_extension that defines it, or send a callable fn(worker, ...)"
+            )
+        return target(*args, **kwargs)
     if isinstance(method, bytes):
         fn = cloudpickle.loads(method)
         if own_process:
             adopt_main_objects(fn)
         return fn(worker, *args, **kwargs)
-    if not isinstance(method, str):
-        return method(worker, *args, **kwargs)
-    target = getattr(worker, method, None)
-    if target is None or method.startswith("_") or not callable(target):
-        raise AttributeError(
-            f"{type(worker).__name__} has no public method {method!r}; pass a worker_extension "
-            "that defines it, or send a callable fn(worker, ...)"
-        )
-    return target(*args, **kwargs)
+    return method(worker, *args, **kwargs)
 
 
 def adopt_main_objects(fn: Any) -> None:
@@ -233,37 +232,34 @@ def adopt_main_objects(fn: Any) -> None:
             setattr(main, name, obj)
 
 
-def answer(
-    worker: Worker | None,
-    payload: Any,
-    *prefix: Any,
-    keep_value: bool = True,
-    decode: Callable[[Any], Request] | None = None,
-    encode: Callable[[tuple[Any, ...]], Any] | None = None,
-) -> Any:
-    """Run one encoded request on the worker and encode the reply ``(*prefix, ok, value)``.
-
-    An exception from the call, and a result that cannot be pickled, come back as a Failure
-    (the caller's WorkerError), so the channel always carries an answer. With ``keep_value``
-    false a successful call's value stays here and None travels (the caller asked for another
-    rank's result only). ``decode`` and ``encode`` default to :func:`loads` and :func:`dumps`
-    (the mp executor brings its own, which keep buffers apart).
-    """
-    decode = decode or loads
-    encode = encode or dumps
+def outcome(
+    worker: Worker | None, payload: Any, decode: Callable[[Any], Request] = pickle.loads
+) -> tuple[bool, Any]:
+    """Run one encoded request on the worker: ``(True, value)``, or ``(False, Failure)`` for an
+    exception from decoding or from the call (the caller's WorkerError). Every executor's
+    worker side runs its requests through this (and then :func:`flush_output`)."""
     try:
         if worker is None:
             raise RuntimeError("the worker did not start")
         method, args, kwargs = decode(payload)
-        value = call(worker, method, args, kwargs, own_process=True)
-        reply: tuple[Any, ...] = (*prefix, True, value if keep_value else None)
+        return True, call(worker, method, args, kwargs, True)
     except Exception as exc:
-        reply = (*prefix, False, Failure.current(exc))
+        return False, Failure.current(exc)
+
+
+def answer(worker: Worker | None, payload: Any, *, keep_value: bool = True) -> bytes:
+    """One request's reply ``(ok, value)``, pickled (:func:`dumps`).
+
+    A result that cannot be pickled comes back as a Failure too, so the channel always
+    carries an answer. With ``keep_value`` false a successful call's value stays here and
+    None travels (the caller asked for another rank's result only).
+    """
+    ok, value = outcome(worker, payload)
     flush_output()
     try:
-        return encode(reply)
+        return dumps((ok, value if keep_value or not ok else None))
     except Exception as exc:
-        return encode((*prefix, False, Failure.current(exc)))
+        return dumps((False, Failure.current(exc)))
 
 
 def flush_output() -> None:

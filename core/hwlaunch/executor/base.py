@@ -211,12 +211,24 @@ class Executor(ABC):
         other calls. Without restarts it changes nothing.
         """
         del setup  # recorded by the restart controller (executor.restart), which wraps this one
-        method, args, keywords = check_call(method, args, kwargs)
-        timeout = check_timeout(timeout)
+        request: Request
+        if (
+            type(method) is str
+            and method
+            and type(args) is tuple
+            and not args
+            and (kwargs is None or (type(kwargs) is dict and not kwargs))
+        ):
+            request = (method, (), {})  # the usual call by name: nothing to check or encode
+            label = method
+        else:
+            method, args, keywords = check_call(method, args, kwargs)
+            request = (encode_method(method), args, keywords)
+            label = method_label(method)
+        if timeout is not None:
+            timeout = check_timeout(timeout)
         if unique_reply_rank is not None:
             self._check_reply_rank(unique_reply_rank)
-        request: Request = (encode_method(method), args, keywords)
-        label = method_label(method)
 
         if non_block:
             return self._background.submit(

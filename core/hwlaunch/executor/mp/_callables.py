@@ -21,14 +21,14 @@ import cloudpickle
 
 from hwlaunch.executor._callable_cache import CachedPickle
 from hwlaunch.executor._runtime import Request, adopt_main_objects
-from hwlaunch.executor.mp._messages import NO_CALLABLE, SHUTDOWN, parse_request
+from hwlaunch.executor.mp._messages import NO_CALLABLE, SHUTDOWN, Body, parse_request
 from hwlaunch.executor.mp._wire import FRAME_BYTE, decode
 
 __all__ = ["KEPT", "CallReader", "KeptCallables", "SentCallables"]
 
 
 class Endpoint(Protocol):
-    def recv(self) -> memoryview: ...
+    def recv(self) -> Body: ...
 
 
 KEPT = 64
@@ -63,7 +63,7 @@ class KeptCallables:
     def __init__(self) -> None:
         self._kept: OrderedDict[bytes, list[Any]] = OrderedDict()  # [form, function or None]
 
-    def note(self, digest: bytes, pickled: memoryview | None) -> list[Any] | None:
+    def note(self, digest: bytes, pickled: Body | None) -> list[Any] | None:
         """Record a request's callable (in step with the parent's list); its entry, None for
         a call by name. KeyError: a digest this worker never received (a broken invariant)."""
         if digest == NO_CALLABLE:
@@ -100,12 +100,11 @@ class CallReader:
         message = channel.recv()
         kind, rpc_id, reply_rank, digest, pickled, body = parse_request(message)
         if kind == SHUTDOWN:
-            body.release()
-            message.release()
+            _release(message, body)
             return kind, rpc_id, reply_rank, None
         return kind, rpc_id, reply_rank, (message, digest, pickled, body)
 
-    def take(self, call: tuple[memoryview, bytes, memoryview | None, memoryview]) -> Request:
+    def take(self, call: tuple[Body, bytes, Body | None, Body]) -> Request:
         """The call ``(method or function, args, kwargs)``; raises what decoding raised."""
         message, digest, pickled, body = call
         try:
@@ -113,8 +112,12 @@ class CallReader:
             # A plain pickle (the usual small call) without the call to decode().
             method, args, kwargs = pickle.loads(body) if body[0] != FRAME_BYTE else decode(body)
         finally:
-            if pickled is not None:
-                pickled.release()
-            body.release()
-            message.release()
+            if type(message) is not bytes:  # a small call is copies: nothing to release
+                _release(message, body, pickled)
         return (method if entry is None else self.kept.function(entry), args, kwargs)
+
+
+def _release(*views: Body | None) -> None:
+    for view in views:
+        if isinstance(view, memoryview):
+            view.release()

@@ -36,7 +36,7 @@ from hwlaunch.executor._mainprep import (
     reimport_main,
 )
 from hwlaunch.executor._proctitle import set_title
-from hwlaunch.executor._runtime import Failure, answer, start_worker
+from hwlaunch.executor._runtime import Failure, flush_output, outcome, start_worker
 from hwlaunch.executor._stacks import start_stack_thread
 from hwlaunch.executor._worker_signals import install_dispatch
 from hwlaunch.executor.mp import _process_tree as process_tree
@@ -179,6 +179,7 @@ def worker_main(
     _close_inherited(inherited_fds)
     if output is not None:
         capture_output(output, line_buffered, forked=plan.start_method == "fork")
+        channel.watch_output((1, 2))
     set_title(plan.backend, rank)
     if replace_environ:  # the parent's whole environment, as it was at launch
         os.environ.clear()
@@ -285,21 +286,28 @@ def serve(worker: Any, rank: int, channel: Endpoint) -> bool:
 
     ``channel`` is this rank's end of the pipe or shared-memory channel; both give whole
     messages. With a ``reply_rank`` other than this rank, the value stays here (None travels).
+    A result that cannot be pickled comes back as a Failure, so the channel always carries an
+    answer. The hot path of every call: one loop, no helper objects per call.
     """
     reader = CallReader()
+    take, receive, send = reader.take, reader.next, channel.send
     while True:
         try:
-            kind, rpc_id, reply_rank, request = reader.next(channel)
+            kind, rpc_id, reply_rank, request = receive(channel)
         except (EOFError, OSError):
             return False
         if kind == SHUTDOWN:
             try:
                 worker.shutdown()
             finally:
-                channel.send(encode_reply((rpc_id, True, None)))
+                send(encode_reply((rpc_id, True, None)))
             return True
-        keep = reply_rank is None or reply_rank == rank
-        reply = answer(
-            worker, request, rpc_id, keep_value=keep, decode=reader.take, encode=encode_reply
-        )
-        channel.send(reply)
+        ok, value = outcome(worker, request, take)
+        if reply_rank is not None and reply_rank != rank and ok:
+            value = None
+        flush_output()
+        try:
+            reply = encode_reply((rpc_id, ok, value))
+        except Exception as exc:
+            reply = encode_reply((rpc_id, False, Failure.current(exc)))
+        send(reply)

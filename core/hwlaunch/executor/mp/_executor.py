@@ -288,7 +288,8 @@ class MultiprocExecutor(Executor):
             else:
                 head = request_head(CALL, rpc_id, reply_rank)
             replies = self._send_and_collect(rpc_id, head, payload, label, timeout)
-            self._output.sync()  # what the call printed, before the caller's next line
+            # what the call printed, before the caller's next line
+            self._output.sync(group.channel.output_drained())
             return replies
         finally:
             group.leave_rpc()

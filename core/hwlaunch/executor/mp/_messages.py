@@ -40,11 +40,13 @@ def request_head(
     return b"".join((fixed, pickled, bytes(align(size) - size)))
 
 
-def parse_request(
-    message: memoryview,
-) -> tuple[bytes, int, int | None, bytes, memoryview | None, memoryview]:
+Body = memoryview | bytes
+
+
+def parse_request(message: Body) -> tuple[bytes, int, int | None, bytes, Body | None, Body]:
     """``(kind, rpc_id, reply_rank, digest, pickled, call)``; the last two are views of the
-    message, not copies (``pickled`` is None unless the callable travels whole)."""
+    message where it is a view (a large one), else copies (``pickled`` is None unless the
+    callable travels whole)."""
     kind, rpc_id, reply_rank, digest, length = REQUEST.unpack_from(message)
     rank = None if reply_rank < 0 else reply_rank
     if not length:

@@ -119,10 +119,11 @@ class OutputPipes:
                         self._progress.notify_all()
                     stream.end()
 
-    def sync(self, wait: float = SYNC_WAIT) -> None:
+    def sync(self, drained: bool = False, wait: float = SYNC_WAIT) -> None:
         """Return once what the workers had written by now is on the console: a call's
         output comes before what the caller prints after it. Costs one poll and no lock when
-        the pipes are empty (the common case, once per RPC).
+        the pipes are empty (the common case, once per RPC); no poll either when ``drained``:
+        every worker found its pipes empty after its answer (the shm channel's report).
 
         The first look takes no lock: the thread reads a chunk and counts it in flight under
         the lock, so with the pipes empty at the poll, a free lock and nothing in flight after
@@ -131,7 +132,11 @@ class OutputPipes:
         Only the RPC thread calls this (one poll at a time, as ``select.poll`` requires)."""
         if self._thread is None:
             return
-        if not self._pending.poll(0) and not self._progress_lock.locked() and not self._in_flight:
+        if (
+            (drained or not self._pending.poll(0))
+            and not self._progress_lock.locked()
+            and not self._in_flight
+        ):
             return
         with self._progress:
             if self._thread is None or self._closed:

@@ -88,6 +88,10 @@ class PipeChannel:
             replies.append((rank, decode(memoryview(data))))
         return replies, ended
 
+    def output_drained(self) -> bool:
+        """Never known here: the executor looks at the output pipes itself."""
+        return False
+
     def close(self) -> None:
         """The pipes are the executor's; they are closed with its other descriptors."""
 
@@ -98,12 +102,15 @@ class PipeEndpoint:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    def recv(self) -> memoryview:
+    def recv(self) -> bytes:
         """The next message. EOFError when the parent is gone."""
-        return memoryview(self.conn.recv_bytes())
+        return self.conn.recv_bytes()
 
     def send(self, data: Message) -> None:
         self.conn.send_bytes(_whole(b"", data))
+
+    def watch_output(self, fds: tuple[int, ...]) -> None:
+        """Nothing to report on this channel (the parent always looks at the pipes)."""
 
 
 def _cpus() -> int:

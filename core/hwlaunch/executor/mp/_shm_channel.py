@@ -10,8 +10,8 @@ can be left behind, even when every process is SIGKILLed: the kernel frees the m
 last process that maps it ends), every part starting on a cache line of its own:
 
 - the parent's line: its *sleeping* byte;
-- one line per reader: its *sleeping* byte, then its *consumed* byte (the sequence byte of the
-  last message it took);
+- one line per reader: its *sleeping* byte, its *consumed* byte (the sequence byte of the
+  last message it took), then its *drained* byte (see *output*);
 - one line per reader that the parent writes: whether it holds each of the reader's two reply
   areas (see *lent replies*);
 - a ring of ``chunks`` chunks: a header line (the *sequence* byte, the message length) and
@@ -46,6 +46,15 @@ copies (as every reply of a spill file, or of the pipe channel, is). What stays 
 memory the workers can reach: a process forked from the parent later shares, rather than
 copies, a result it still holds.
 
+*Output*: an RPC returns once what the workers wrote before their replies is on the console
+(``OutputPipes.sync``), which costs the parent a look at every output pipe after each call.
+A worker that polls (a CPU of its own) looks at its own stdout and stderr pipes right after
+it answered, while the parent decodes the answer, and stores the reply's sequence byte as its
+*drained* byte when both pipes were empty: everything written before the reply was read by
+the parent's output thread by then. The parent skips its own look when every reader's
+drained byte is the last request's; the byte is made stale before each reply, so a look the
+worker has not finished yet only means the parent looks itself, as it always may.
+
 Waiting (``hwlaunch.executor.mp._shm_wait``): a party polls while the CPUs have room, then
 blocks on a wake pipe. Writer and readers never wait forever on each other: the parent's waits
 take a deadline and the worker processes' sentinels; a worker whose parent dies is ended by its
@@ -54,7 +63,9 @@ death pipe.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import mmap
 import os
 import platform
@@ -62,6 +73,7 @@ import select
 import struct
 import sys
 import tempfile
+import termios
 import time
 from collections.abc import Callable, Collection, Sequence
 from multiprocessing import reduction
@@ -90,6 +102,7 @@ COPY_MAX_BYTES = (
 LINE = 64  # one cache line, so that parties polling different flags do not share one
 _LEN = struct.Struct("<Q")
 LENGTH_AT = 8  # in a chunk or slot header: the sequence byte at 0, the length here
+CONSUMED, DRAINED = 1, 2  # in a reader's line, after its sleeping byte
 SPILLED = 1 << 63  # length flag: the message lies in the spill file, from its start
 SECOND = 1 << 62  # reply length flag: the reply lies in the reader's second area
 _FLAGS = SPILLED | SECOND
@@ -266,7 +279,8 @@ class ShmChannel:
         self._wake_r, self._wake_w = wake_pipe()  # readers wake the parent
         self._reader_wakes = [wake_pipe() for _ in range(readers)]
         self._sleeping = [(g.line(1 + r), w) for r, (_, w) in enumerate(self._reader_wakes)]
-        self._consumed = [g.line(1 + r) + 1 for r in range(readers)]
+        self._consumed = [g.line(1 + r) + CONSUMED for r in range(readers)]
+        self._drained = [g.line(1 + r) + DRAINED for r in range(readers)]
         self._sent = 0  # messages sent so far; the last one's sequence byte is its low byte
         self._poller: tuple[tuple[int, ...], Any] | None = None
         self._lent: dict[tuple[int, int], list[memoryview]] = {}  # (rank, area): the views
@@ -345,6 +359,15 @@ class ShmChannel:
                 raise TimeoutError("a reader did not take an earlier message in time")
             time.sleep(step)
             step = min(step * 2, 0.01)
+
+    def output_drained(self) -> bool:
+        """Whether every reader found its output pipes empty after answering the last
+        request (see *output*): then nothing it wrote before its answer is still in them."""
+        mm, seq = self.mm, self._sent & 0xFF
+        for at in self._drained:  # noqa: SIM110 (a loop: no generator on every call)
+            if mm[at] != seq:
+                return False
+        return True
 
     # reading replies
     def receive(
@@ -484,7 +507,8 @@ class ShmChannel:
 class ShmEndpoint:
     """A reader: takes each broadcast message in turn and answers into its own slot.
 
-    ``recv()`` gives a message where it lies (a memoryview), ``send()`` writes a reply; the
+    ``recv()`` gives a message where it lies (a memoryview; a small one as bytes), ``send()``
+    writes a reply; the
     pipe channel's endpoint offers the same, so the worker's loop is the same for both.
     ``recv_bytes``/``send_bytes`` move whole byte strings, as a pipe's ends do.
     """
@@ -507,9 +531,19 @@ class ShmEndpoint:
         self._mm: mmap.mmap | None = None
         self._poller: Any = None
         self._taken = 0  # messages taken so far
+        self._watched: tuple[int, ...] = ()  # private duplicates of the output pipes' ends
+        self._unread = array.array("i", [0])
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__ | {"_mm": None, "_poller": None}
+        return self.__dict__ | {"_mm": None, "_poller": None, "_watched": ()}
+
+    def watch_output(self, fds: tuple[int, ...]) -> None:
+        """Report after each answer whether the pipes behind ``fds`` (this worker's stdout
+        and stderr, which the parent reads) were empty (see *output*); only where this
+        worker polls, since the look costs a system call per pipe. Duplicates are kept, so
+        that the pipes are looked at even after the program points ``fds`` elsewhere."""
+        if self.spin > 0 and not self._watched:
+            self._watched = tuple(os.dup(fd) for fd in fds)
 
     def _map(self) -> mmap.mmap:
         if self._mm is None:
@@ -528,9 +562,9 @@ class ShmEndpoint:
             self._spinner = Spinner(self.spin)
         return self._mm
 
-    def recv(self) -> memoryview:
-        """The next message (blocking), a view until released; answering it (``send``) lets
-        the writer reuse its memory."""
+    def recv(self) -> memoryview | bytes:
+        """The next message (blocking): a view until released, or a small one's copy;
+        answering it (``send``) lets the writer reuse its memory."""
         mm = self._mm or self._map()
         n = self._taken + 1
         seq, at = n & 0xFF, self._chunk_at[n % self._chunks]
@@ -545,22 +579,26 @@ class ShmEndpoint:
             memory, start = self._spill.memory(length, grow=False), 0
         elif length <= COPY_MAX_BYTES:  # the usual small call: one allocation, no views
             start = at + LINE
-            return memoryview(mm[start : start + length])
+            return mm[start : start + length]
         else:
             memory, start = mm, at + LINE
         with memoryview(memory) as whole:
             return whole[start : start + length]
 
     def recv_bytes(self) -> bytes:
-        with self.recv() as message:
-            data = bytes(message)
+        message = self.recv()
+        if isinstance(message, bytes):
+            data = message
+        else:
+            with message:
+                data = bytes(message)
         self._mark_taken()
         return data
 
     def _mark_taken(self) -> None:
         """The writer may reuse the last message's chunk (and the spill file)."""
         assert self._mm is not None
-        self._mm[self._line + 1] = self._taken & 0xFF
+        self._mm[self._line + CONSUMED] = self._taken & 0xFF
 
     def _wait(self, at: int, seq: int) -> None:
         mm = self._mm
@@ -581,7 +619,10 @@ class ShmEndpoint:
         answer before it sends again, so the slot and the reply spill file are free). The
         message counts as taken from here: the parent sees that before the answer."""
         mm = self._mm or self._map()
-        mm[self._line + 1] = self._taken & 0xFF
+        seq = self._taken & 0xFF
+        line = self._line
+        mm[line + CONSUMED] = seq
+        mm[line + DRAINED] = seq ^ 0x80  # stale until the look after this answer
         at = self._slot
         # The first area, unless the parent lent it (it never holds both: see lent replies).
         second = mm[self._lend_at]
@@ -599,9 +640,22 @@ class ShmEndpoint:
             _LEN.pack_into(mm, at + LENGTH_AT, size | SPILLED)
         if not _TOTAL_STORE_ORDER:
             fence()
-        mm[at] = self._taken & 0xFF
+        mm[at] = seq
         fence()
         if mm[0]:  # the parent's sleeping byte
             wake(self.parent_wake_w.fd)
+        if self._watched:
+            self._report_drained(mm, line + DRAINED, seq)
+
+    def _report_drained(self, mm: mmap.mmap, at: int, seq: int) -> None:
+        unread = self._unread
+        for fd in self._watched:
+            try:
+                fcntl.ioctl(fd, termios.FIONREAD, unread)
+            except OSError:  # not a pipe after all: the parent looks itself
+                return
+            if unread[0]:
+                return
+        mm[at] = seq
 
     send_bytes = send

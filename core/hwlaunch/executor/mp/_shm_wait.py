@@ -29,6 +29,9 @@ BLOCK_STEP = 0.1  # the longest a blocked party sleeps before it looks again (a 
 # instead, and polls again only after QUIET_AFTER_CONTENTION seconds.
 CONTENDED_YIELD = 500e-6
 QUIET_AFTER_CONTENTION = 0.25
+# Looks at the flags before the first yield: a short call's answer is often a few microseconds
+# away, and a yield (a system call) would see it up to a microsecond late.
+EAGER_LOOKS = 100
 
 _fence_lock = threading.Lock()
 _sched_yield = getattr(os, "sched_yield", lambda: time.sleep(0))
@@ -114,6 +117,12 @@ class Spinner:
         now = _now()
         if self.window <= 0 or now < self.quiet_until:
             return False
+        for _ in range(EAGER_LOOKS):
+            for at in flags:
+                if mm[at] != seq:
+                    break
+            else:
+                return True
         end = now + self.window
         if deadline is not None and deadline < end:
             end = deadline

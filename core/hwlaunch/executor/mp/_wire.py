@@ -215,12 +215,25 @@ def encode(obj: Any) -> Frame | bytes:
         return _dump(_ByValue, obj)
 
 
+_WITHOUT_ARGUMENTS: dict[str | None, bytes] = {}  # a method name's call without arguments
+_KEPT_NAMES = 1024
+
+
 def encode_call(call: tuple[Any, Any, Any]) -> Frame | bytes:
     """A request ``(method name or None, args, kwargs)``; one without arguments (a named
-    no-op, a cached callable's call) as a plain pickle at once, without a look inside."""
+    no-op, a cached callable's call) as a plain pickle at once, without a look inside, made
+    once per method name."""
     method, args, kwargs = call
-    if type(args) is tuple and type(kwargs) is dict and not args and not kwargs:  # noqa: SIM102
-        if type(method) in _ATOMS:
+    if type(args) is tuple and type(kwargs) is dict and not args and not kwargs:
+        kind = type(method)
+        if kind is str or method is None:
+            payload = _WITHOUT_ARGUMENTS.get(method)
+            if payload is None:
+                payload = pickle.dumps(call, protocol=5)
+                if len(_WITHOUT_ARGUMENTS) < _KEPT_NAMES:
+                    _WITHOUT_ARGUMENTS[method] = payload
+            return payload
+        if kind in _ATOMS:
             return pickle.dumps(call, protocol=5)
     return encode(call)
 
