@@ -19,6 +19,7 @@ from typing import Any
 from hwlaunch.channels import SPIN_WITH_FREE_CPUS
 from hwlaunch.executor.mp._callables import SentCallables
 from hwlaunch.executor.mp._shm_channel import (
+    COPY_MAX_BYTES,
     ChannelLost,
     Message,
     ShmChannel,
@@ -102,9 +103,11 @@ class PipeEndpoint:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 
-    def recv(self) -> bytes:
-        """The next message. EOFError when the parent is gone."""
-        return self.conn.recv_bytes()
+    def recv(self) -> memoryview | bytes:
+        """The next message: a small one as it came, a larger one as a view of it (so that
+        its parts are not copied again). EOFError when the parent is gone."""
+        data = self.conn.recv_bytes()
+        return data if len(data) <= COPY_MAX_BYTES else memoryview(data)
 
     def send(self, data: Message) -> None:
         self.conn.send_bytes(_whole(b"", data))

@@ -84,7 +84,7 @@ from hwlaunch.executor.mp._callables import SentCallables
 from hwlaunch.executor.mp._shm_wait import Spinner, drain, fence, sleep_until, wake, wake_pipe
 from hwlaunch.executor.mp._wire import Frame
 
-__all__ = ["CHUNK_BYTES", "ChannelLost", "ShmChannel", "ShmEndpoint", "Spinner"]
+__all__ = ["CHUNK_BYTES", "COPY_MAX_BYTES", "ChannelLost", "ShmChannel", "ShmEndpoint", "Spinner"]
 
 T = TypeVar("T")
 _now = time.monotonic
