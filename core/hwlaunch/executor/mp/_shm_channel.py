@@ -508,8 +508,8 @@ class ShmEndpoint:
     """A reader: takes each broadcast message in turn and answers into its own slot.
 
     ``recv()`` gives a message where it lies (a memoryview; a small one as bytes), ``send()``
-    writes a reply; the
-    pipe channel's endpoint offers the same, so the worker's loop is the same for both.
+    writes a reply; the pipe channel's endpoint offers the same, so the worker's loop is the
+    same for both.
     ``recv_bytes``/``send_bytes`` move whole byte strings, as a pipe's ends do.
     """
 
