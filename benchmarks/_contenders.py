@@ -93,6 +93,32 @@ def ray_probe_class(ray: Any) -> Any:
     return Probe
 
 
+def channel_executor(
+    extension: type, *, channel: str = "shm", n: int = 1, method: str = "fork"
+) -> Any:
+    """hwlaunch's mp executor with ``n`` cpu workers and no process group, as the channel
+    benchmarks use it (public API only: it runs against other versions of hwlaunch too)."""
+    import hwlaunch
+
+    return hwlaunch.launch(
+        backend="cpu",
+        executor="mp",
+        world_size=n,
+        start_method=method,
+        rpc_channel=channel,
+        init_distributed=False,
+        worker_extension=extension,
+    )
+
+
+def pin_apart(executor: Any) -> None:
+    """The calling thread on one CPU, the executor's first worker on another: where the
+    scheduler places the two is then not part of a figure."""
+    cpus = sorted(os.sched_getaffinity(0))
+    os.sched_setaffinity(0, {cpus[0]})
+    os.sched_setaffinity(executor.pids[0], {cpus[-1]})
+
+
 class Echo:
     """worker_extension for the RPC benchmark: a named method that returns its argument."""
 

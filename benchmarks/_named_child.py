@@ -4,12 +4,12 @@ hwlaunch that this interpreter imports; prints the medians of its rounds as JSON
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
 import time
 
 import torch  # noqa: F401  (the parent has torch, as an engine has)
+from _contenders import channel_executor, pin_apart  # benchmarks/ on sys.path
 
 import hwlaunch
 
@@ -21,20 +21,10 @@ class Ping:
 
 def main() -> None:
     rounds, calls, pin = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "pin"
-    executor = hwlaunch.launch(
-        backend="cpu",
-        executor="mp",
-        world_size=1,
-        start_method="fork",
-        rpc_channel="shm",
-        init_distributed=False,
-        worker_extension=Ping,
-    )
+    executor = channel_executor(Ping)
     try:
-        if pin:  # the parent on one CPU, the worker on another: no scheduler placement
-            cpus = sorted(os.sched_getaffinity(0))
-            os.sched_setaffinity(0, {cpus[0]})
-            os.sched_setaffinity(executor.pids[0], {cpus[-1]})
+        if pin:
+            pin_apart(executor)
         for _ in range(1000):
             executor.collective_rpc("ping")
         medians = []

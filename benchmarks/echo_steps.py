@@ -22,9 +22,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from _contenders import Echo  # benchmarks/ on sys.path
+from _contenders import Echo, channel_executor, pin_apart  # benchmarks/ on sys.path
 
-import hwlaunch
 import hwlaunch.executor._runtime as runtime
 import hwlaunch.executor.mp._child as child
 import hwlaunch.executor.mp._shm_channel as shm
@@ -93,20 +92,10 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true")
     args = parser.parse_args()
     _instrument()
-    executor = hwlaunch.launch(
-        backend="cpu",
-        executor="mp",
-        world_size=1,
-        start_method="fork",
-        rpc_channel="shm",
-        init_distributed=False,
-        worker_extension=Echo,
-    )
+    executor = channel_executor(Echo)
     try:
         if args.pin:
-            cpus = sorted(os.sched_getaffinity(0))
-            os.sched_setaffinity(0, {cpus[0]})
-            os.sched_setaffinity(executor.pids[0], {cpus[-1]})
+            pin_apart(executor)
         mib = 1024 * 1024
         data = os.urandom(mib) if args.kind == "bytes" else torch.rand(mib // 4)
         for _ in range(200):

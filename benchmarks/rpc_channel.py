@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _contenders import Echo  # benchmarks/ on sys.path
+from _contenders import Echo, channel_executor  # benchmarks/ on sys.path
 from _floor import Floor
 
 try:
@@ -59,20 +59,6 @@ Case = Callable[[], tuple[Callable[[], Any], Callable[[], None]]]  # -> (one cal
 def noop(worker: Any) -> None:
     """The callable no-op: a function of this script, which travels by value (cloudpickle),
     as a script's or notebook's lambda does."""
-
-
-def _launch(channel: str, n: int, method: str) -> Any:
-    import hwlaunch
-
-    return hwlaunch.launch(
-        backend="cpu",
-        executor="mp",
-        world_size=n,
-        start_method=method,
-        rpc_channel=channel,
-        init_distributed=False,
-        worker_extension=Echo,
-    )
 
 
 def _call(executor: Any, method: Any, *args: Any) -> Case:
@@ -169,7 +155,10 @@ def measure(rounds: int, method: str) -> dict[str, Any]:
     import torch  # noqa: F401  (the parent has torch, as an engine has)
 
     floor = Floor(max(SIZES.values()))
-    executors = {name: _launch(channel, n, method) for name, (channel, n) in GROUPS.items()}
+    executors = {
+        name: channel_executor(Echo, channel=channel, n=n, method=method)
+        for name, (channel, n) in GROUPS.items()
+    }
     window = max(e.rpc_spin or 0.0 for e in executors.values())
     try:
         samples = time_rounds(make_cases(executors, floor), rounds, window)
