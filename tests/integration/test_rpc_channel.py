@@ -164,11 +164,17 @@ def test_sequence_bytes_wrap_many_times(spin: float, readers: Callable[..., Read
         assert group.round_trip(data) == {0: data, 1: data}, f"message {number}"
 
 
-def watching_reader(endpoint: ShmEndpoint, pipe_w: int) -> None:
+def watching_reader(endpoint: ShmEndpoint, pipe_w: int, looked_w: int) -> None:
     """An echo reader that reports on the pipe behind ``pipe_w`` (as a worker does for its
-    stdout and stderr)."""
+    stdout and stderr), and writes a byte to ``looked_w`` once each answer's look is done."""
     endpoint.watch_output((pipe_w,))
-    echo_reader(endpoint)
+    while True:
+        try:
+            data = endpoint.recv_bytes()
+        except (EOFError, OSError):
+            return
+        endpoint.send_bytes(data)  # the look at the pipe is part of the answer
+        os.write(looked_w, b".")
 
 
 @pytest.mark.parametrize("spin", SPINS)
@@ -177,11 +183,13 @@ def test_a_reader_reports_its_output_pipe_drained_only_when_it_was_empty(spin: f
     parent may skip its own look only for an answer after which the pipe was empty, never
     for an earlier answer's report, and never where the reader does not poll (spin 0)."""
     pipe_r, pipe_w = os.pipe()
+    looked_r, looked_w = os.pipe()
     ctx = multiprocessing.get_context("fork")
     channel = ShmChannel(1, spin=spin, chunk_bytes=SMALL_CHUNK, slot_bytes=SMALL_CHUNK)
     parent_end, child_end = ctx.Pipe()
     channel.conns.append(parent_end)
-    reader = ctx.Process(target=watching_reader, args=(channel.endpoint(0, child_end), pipe_w))
+    endpoint = channel.endpoint(0, child_end)
+    reader = ctx.Process(target=watching_reader, args=(endpoint, pipe_w, looked_w))
     reader.start()
     child_end.close()
 
@@ -190,6 +198,7 @@ def test_a_reader_reports_its_output_pipe_drained_only_when_it_was_empty(spin: f
         channel.send(data, lambda: None, time.monotonic() + 30)
         replies, _ = channel.receive([0], 30, [reader.sentinel], _copy)
         assert replies == [(0, data)]
+        assert os.read(looked_r, 1) == b"."  # the reader's look after this answer is done
 
     try:
         for number in range(600):  # every sequence byte twice: no old report passes for new
@@ -197,11 +206,8 @@ def test_a_reader_reports_its_output_pipe_drained_only_when_it_was_empty(spin: f
             if unread:  # what the reader's output would be, not yet read by the parent
                 os.write(pipe_w, b"line\n")
             round_trip(number)
-            if spin and not unread:
-                wait_until(channel.output_drained, 5, f"the report after message {number}")
-            else:
-                time.sleep(0.001)  # the reader's look is done by now (spin: it polls)
-                assert not channel.output_drained(), f"message {number}, unread {unread}"
+            wanted = bool(spin) and not unread
+            assert channel.output_drained() is wanted, f"message {number}, unread {unread}"
             if unread:
                 assert os.read(pipe_r, 100) == b"line\n"
     finally:
@@ -209,8 +215,8 @@ def test_a_reader_reports_its_output_pipe_drained_only_when_it_was_empty(spin: f
         reader.join(10)
         parent_end.close()
         channel.close()
-        os.close(pipe_r)
-        os.close(pipe_w)
+        for fd in (pipe_r, pipe_w, looked_r, looked_w):
+            os.close(fd)
 
 
 def test_polling_gives_way_to_a_busy_neighbour() -> None:
