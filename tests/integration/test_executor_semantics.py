@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +21,7 @@ from hwlaunch import (
     RpcTimeoutError,
     Worker,
     WorkerDiedError,
+    WorkerError,
     WorkerStartupError,
 )
 
@@ -44,6 +46,10 @@ class FailsToInit:
 class HangsInInit:
     def init_device(self) -> None:
         time.sleep(60)
+
+
+def a_lock(worker: Worker) -> Any:
+    return threading.Lock()
 
 
 def exit_on_rank0(worker: Worker) -> None:
@@ -125,6 +131,18 @@ class Semantics:
             launch(kind, started, worker_extension=HangsInInit, init_distributed=False)
         assert "env HWLAUNCH_STARTUP_TIMEOUT" in str(info.value)
         assert time.monotonic() - began < 45, "the start-up timeout was not honoured"
+
+    def test_a_result_that_cannot_be_pickled_is_a_worker_error(
+        self, kind: str, started: list[Executor]
+    ) -> None:
+        if kind == "uni":
+            pytest.skip("the uni worker's results stay in the caller's process: nothing pickles")
+        executor = launch(kind, started, init_distributed=False)
+        with pytest.raises(WorkerError) as info:
+            executor.collective_rpc(a_lock)
+        assert info.value.exc_type == "TypeError"
+        assert "cannot pickle '_thread.lock' object" in info.value.message
+        assert executor.collective_rpc(lambda worker: worker.rank) == [0, 1]  # still usable
 
     def test_worker_death_is_worker_died(self, kind: str, started: list[Executor]) -> None:
         if kind == "uni":

@@ -16,7 +16,7 @@ import types
 from collections import ChainMap
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import cloudpickle
 
@@ -26,6 +26,7 @@ from hwlaunch.executor._setup import run_worker_setup
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
 
+T = TypeVar("T")
 WorkerExtension = type | str | None
 # One call as it travels: a method name or a cloudpickled callable, its args and kwargs.
 Request = tuple[str | bytes, tuple[Any, ...], dict[str, Any]]
@@ -256,10 +257,16 @@ def answer(worker: Worker | None, payload: Any, *, keep_value: bool = True) -> b
     """
     ok, value = outcome(worker, payload)
     flush_output()
+    return encoded(dumps, (ok, value if keep_value or not ok else None))
+
+
+def encoded(encode: Callable[[tuple[Any, ...]], T], reply: tuple[Any, ...]) -> T:
+    """``encode(reply)``, where ``reply`` ends with ``(ok, value)``; a value that cannot be
+    encoded becomes the Failure it raised, so the channel always carries an answer."""
     try:
-        return dumps((ok, value if keep_value or not ok else None))
+        return encode(reply)
     except Exception as exc:
-        return dumps((False, Failure.current(exc)))
+        return encode((*reply[:-2], False, Failure.current(exc)))
 
 
 def flush_output() -> None:

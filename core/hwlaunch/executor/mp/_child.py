@@ -36,7 +36,7 @@ from hwlaunch.executor._mainprep import (
     reimport_main,
 )
 from hwlaunch.executor._proctitle import set_title
-from hwlaunch.executor._runtime import Failure, flush_output, outcome, start_worker
+from hwlaunch.executor._runtime import Failure, encoded, flush_output, outcome, start_worker
 from hwlaunch.executor._stacks import start_stack_thread
 from hwlaunch.executor._worker_signals import install_dispatch
 from hwlaunch.executor.mp import _process_tree as process_tree
@@ -286,8 +286,8 @@ def serve(worker: Any, rank: int, channel: Endpoint) -> bool:
 
     ``channel`` is this rank's end of the pipe or shared-memory channel; both give whole
     messages. With a ``reply_rank`` other than this rank, the value stays here (None travels).
-    A result that cannot be pickled comes back as a Failure, so the channel always carries an
-    answer. The hot path of every call: one loop, no helper objects per call.
+    A result that cannot be pickled comes back as a Failure (``encoded``). The hot path of
+    every call: one loop, no helper objects per call.
     """
     reader = CallReader()
     take, receive, send = reader.take, reader.next, channel.send
@@ -306,8 +306,4 @@ def serve(worker: Any, rank: int, channel: Endpoint) -> bool:
         if reply_rank is not None and reply_rank != rank and ok:
             value = None
         flush_output()
-        try:
-            reply = encode_reply((rpc_id, ok, value))
-        except Exception as exc:
-            reply = encode_reply((rpc_id, False, Failure.current(exc)))
-        send(reply)
+        send(encoded(encode_reply, (rpc_id, ok, value)))
