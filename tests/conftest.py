@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import sys
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -15,6 +21,33 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 # dies in whatever test runs a minute after a Ray module. Ray processes still end with their
 # raylet, as the tests of leftovers check.
 os.environ.setdefault("RAY_gcs_rpc_server_reconnect_timeout_s", str(24 * 3600))
+
+# pytest-timeout (signal method) fails a test that runs past its timeout, but only once the
+# main thread is back in Python: a test stuck in native code would hold the run with no word of
+# where. .ci/run sends SIGPWR to a pytest that printed nothing for far longer than any timeout:
+# faulthandler's handler (native, it needs no GIL) writes every thread's stack to this file.
+_hang_report: IO[str] | None = None
+if os.environ.get("TESTS_HANG_REPORT") and hasattr(signal, "SIGPWR"):
+    _hang_report = open(os.environ["TESTS_HANG_REPORT"], "a")  # noqa: SIM115 (kept open)
+    faulthandler.register(signal.SIGPWR, file=_hang_report, all_threads=True)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A module that leaves this process connected to Ray is said so, and disconnected: the
+    next module's ``ray.init`` would fail on it, and once its cluster is gone Ray's client
+    would wait on the dead GCS (see above) or end this process."""
+    yield
+    if nextitem is not None and getattr(nextitem, "module", None) is getattr(item, "module", None):
+        return
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        warnings.warn(
+            f"{item.nodeid.split('::')[0]} left this process connected to Ray: disconnected",
+            pytest.PytestWarning,
+            stacklevel=1,
+        )
+        ray.shutdown()
 
 
 @pytest.fixture

@@ -664,6 +664,9 @@ class BackendConformance:
                 "ray", None, tmp_path, monkeypatch, nnodes=2, ray_address=cluster.address
             )
         finally:
+            ray = sys.modules.get("ray")
+            if ray is not None and ray.is_initialized():
+                ray.shutdown()  # before the cluster: a client of a dead GCS waits on it
             cluster.shutdown()
 
     # -- contract v1: policy, binding, propagated names ---------------------------------------
