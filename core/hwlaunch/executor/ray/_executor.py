@@ -134,8 +134,8 @@ class _ActorGroup:
                     if self.on_death is not None:
                         self.on_death(died)
                 return
-            except Exception:  # Ray is going away (interpreter exit, a disconnect)
-                return
+            except (Exception, SystemExit):  # Ray is going away (exit, a disconnect:
+                return  # a wait that Ray's shutdown() interrupts raises SystemExit)
 
     def shutdown(self, polite: bool = True, *, keep_connection: bool = False) -> None:
         """Let workers leave the process group, then kill the actors and free the placement
@@ -156,7 +156,12 @@ class _ActorGroup:
             return
         try:
             if not ray.is_initialized():
-                return  # Ray's own shutdown already ended every actor and placement group
+                # This driver left Ray first (Ray's exit hook, or the program's ray.shutdown()):
+                # a local instance went with its actors; detached ones in a cluster end
+                # themselves, with their workers' shutdown(), once their lifeline closes.
+                if self.lifeline is not None:
+                    self.lifeline.abandon()
+                return
             if polite and not self.busy and self.actors:
                 self._stop_actors()
             if polite and self.output is not None:

@@ -70,6 +70,12 @@ class Lifeline:
                         conn.sendall(END)
             self._listener.close()
 
+    def abandon(self) -> None:
+        """Close the lifeline without a word: each actor ends itself as after the driver's
+        death (for a driver that can no longer reach Ray to kill them). Idempotent."""
+        with self._lock:
+            self._listener.close()
+
 
 def watch(address: tuple[str, int], on_driver_death: Callable[[], None]) -> None:
     """Connect to the driver's lifeline (raise OSError when it is not there: the driver is

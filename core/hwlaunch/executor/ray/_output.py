@@ -97,8 +97,8 @@ class OutputCollector:
         while refs:
             try:
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=COLLECT_WAIT)
-            except Exception:  # Ray is going away
-                return
+            except (Exception, SystemExit):  # Ray is going away (its shutdown() raises
+                return  # SystemExit in a wait it interrupts)
             for ref in ready:
                 rank = refs.pop(ref)
                 try:
