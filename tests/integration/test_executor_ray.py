@@ -347,19 +347,6 @@ def test_connecting_by_address_leaves_the_cluster_running(connected: Any) -> Non
     assert connected.remaining_processes_alive()
 
 
-def test_shutdown_after_the_program_left_ray_still_ends_the_actors(connected: Any) -> None:
-    """The program ends its Ray connection before the executor: the actors (detached) live on
-    in the cluster, and shutdown(), which can no longer kill them, has them end themselves."""
-    ex = RayExecutor(cluster_plan(world_size=2, executor="ray")).start()
-    pids = ex.pids
-    ray.shutdown()
-    assert wait_gone(pids, timeout=1.0) == pids, "detached actors outlive the connection"
-    ex.shutdown()
-    assert wait_gone(pids) == []
-    ray.init(address=connected.address)
-    wait_until(lambda: set(our_placement_groups().values()) <= {"REMOVED"}, 20, "the group")
-
-
 # -- a two-node cluster -----------------------------------------------------------------------
 def test_pack_fills_nodes_with_contiguous_ranks_and_timeout_shuts_down(connected: Any) -> None:
     ex = RayExecutor(cluster_plan(world_size=4, executor="ray")).start()

@@ -122,10 +122,12 @@ class _ActorGroup:
         ray = self.ray
         errors = importlib.import_module("ray.exceptions")
         ready: list[Any] = []
-        while not self.state.closed:
+        # Never a call once the program left Ray (its ray.shutdown()): Ray ends the whole
+        # process on one; a call in progress then raises SystemExit.
+        while not self.state.closed and ray.is_initialized():
             try:
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=MONITOR_POLL)
-                if ready:
+                if ready and ray.is_initialized():
                     ray.get(ready[0])
             except errors.RayActorError as exc:
                 died = self.record_death(refs[ready[0]], exc)
@@ -134,8 +136,8 @@ class _ActorGroup:
                     if self.on_death is not None:
                         self.on_death(died)
                 return
-            except (Exception, SystemExit):  # Ray is going away (exit, a disconnect:
-                return  # a wait that Ray's shutdown() interrupts raises SystemExit)
+            except (Exception, SystemExit):  # Ray is going away
+                return
 
     def shutdown(self, polite: bool = True, *, keep_connection: bool = False) -> None:
         """Let workers leave the process group, then kill the actors and free the placement

@@ -94,16 +94,20 @@ class OutputCollector:
     def _run(self) -> None:
         ray = self.ray
         refs = {self._collect(rank, COLLECT_WAIT): rank for rank in self._actors}
-        while refs:
+        # Never a call once the program left Ray (its ray.shutdown()): Ray ends the whole
+        # process on one; a call in progress then raises SystemExit.
+        while refs and ray.is_initialized():
             try:
                 ready, _ = ray.wait(list(refs), num_returns=1, timeout=COLLECT_WAIT)
-            except (Exception, SystemExit):  # Ray is going away (its shutdown() raises
-                return  # SystemExit in a wait it interrupts)
+            except (Exception, SystemExit):  # Ray is going away
+                return
             for ref in ready:
                 rank = refs.pop(ref)
+                if not ray.is_initialized():
+                    return
                 try:
                     chunks: list[tuple[int, bytes]] = ray.get(ref)
-                except Exception:  # the actor ended: nothing more will come from it
+                except (Exception, SystemExit):  # the actor ended: nothing more will come
                     continue
                 for index, data in chunks:
                     self._streams[rank][index].feed(data)
