@@ -666,7 +666,7 @@ class BackendConformance:
         finally:
             ray = sys.modules.get("ray")
             if ray is not None and ray.is_initialized():
-                ray.shutdown()  # before the cluster: a client of a dead GCS waits on it
+                ray.shutdown()  # Ray refuses to remove a node this process is connected to
             cluster.shutdown()
 
     # -- contract v1: policy, binding, propagated names ---------------------------------------
