@@ -7,22 +7,27 @@ import threading
 from hwlaunch.executor.ray._lifeline import Lifeline, watch
 
 
-def watched() -> tuple[Lifeline, threading.Event]:
+def watched() -> tuple[Lifeline, threading.Event, threading.Thread]:
+    """A lifeline, the event its watcher sets on the driver's death, and the watcher's thread."""
     lifeline = Lifeline("127.0.0.1")
     ended = threading.Event()
+    before = set(threading.enumerate())
     watch(lifeline.address, ended.set)
-    return lifeline, ended
+    (watcher,) = set(threading.enumerate()) - before
+    return lifeline, ended, watcher
 
 
 def test_an_actor_the_driver_tells_is_left_to_the_driver() -> None:
-    lifeline, ended = watched()
+    lifeline, ended, watcher = watched()
     lifeline.release()
-    assert not ended.wait(1.0), "told END, the actor waits to be killed instead"
+    watcher.join(10.0)
+    assert not watcher.is_alive(), "the watcher did not read the lifeline's end"
+    assert not ended.is_set(), "told END, the actor waits to be killed instead"
     lifeline.release()  # idempotent
 
 
 def test_an_abandoned_lifeline_ends_its_actors_as_a_dead_driver_would() -> None:
-    lifeline, ended = watched()
+    lifeline, ended, _ = watched()
     lifeline.abandon()
     assert ended.wait(10.0)
     lifeline.release()  # idempotent after abandon, and tells nobody
