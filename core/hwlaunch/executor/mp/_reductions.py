@@ -103,34 +103,41 @@ def _tensor_reduction(tensor: Any) -> Any:
 
     Kept by torch: subclasses (``nn.Parameter``: not this exact type), other devices, sparse
     or quantized tensors, and non-leaf tensors that require grad (torch refuses those). A
-    contiguous tensor's memory is handed over where it lies, found with getters only.
+    contiguous tensor's memory is handed over where it lies, found with getters only (each
+    read once: this runs for every tensor of every message).
     """
-    torch = sys.modules["torch"]
     dtype = tensor.dtype
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _learn_dtype(dtype)
+    grad = tensor.requires_grad
     if (
-        not tensor.is_cpu
-        or tensor.layout is not torch.strided
-        or dtype in _quantized(torch)
-        or (tensor.requires_grad and not tensor.is_leaf)
+        not name
+        or not tensor.is_cpu
+        or tensor.layout is not _strided
+        or (grad and not tensor.is_leaf)
     ):
         return tensor.__reduce_ex__(5)
     if tensor.is_neg() or (dtype.is_complex and tensor.is_conj()):
         tensor = tensor.resolve_conj().resolve_neg()
-    try:
-        raw = _memory_of(tensor, torch)
-    except (RuntimeError, TypeError, ImportError):  # no numpy
-        return tensor.__reduce_ex__(5)
-    return _ours(tensor_from, raw, _dtype_name(dtype), tuple(tensor.shape), tensor.requires_grad)
-
-
-def _memory_of(tensor: Any, torch: Any) -> Any:
-    """The tensor's elements as flat bytes, in order: its own memory when it is contiguous,
-    else one copy made by numpy. Not torch's ``contiguous()``: a large copy there is a
-    parallel operation, which starts torch's OpenMP pool in the caller's process, and a
-    process with that pool can no longer fork workers safely."""
     if tensor.is_contiguous():
         DUMPING.keep.append(tensor)
-        return _view_memory(tensor.data_ptr(), tensor.nbytes, _WRITE)
+        raw = _view_memory(tensor.data_ptr(), tensor.nbytes, _WRITE)
+    else:
+        try:
+            raw = _strided_copy(tensor, sys.modules["torch"])
+        except (RuntimeError, TypeError, ImportError):  # no numpy
+            return tensor.__reduce_ex__(5)
+    buffer = pickle.PickleBuffer(raw)
+    DUMPING.ours[id(buffer)] = buffer
+    return tensor_from, (buffer, name, tuple(tensor.shape), grad)
+
+
+def _strided_copy(tensor: Any, torch: Any) -> Any:
+    """A strided tensor's elements as flat bytes, in order: one copy made by numpy. Not
+    torch's ``contiguous()``: a large copy there is a parallel operation, which starts torch's
+    OpenMP pool in the caller's process, and a process with that pool can no longer fork
+    workers safely."""
     import numpy
 
     same_size = _SAME_SIZE_INTS.get(tensor.element_size())
@@ -140,24 +147,16 @@ def _memory_of(tensor: Any, torch: Any) -> Any:
     return numpy.ascontiguousarray(ints).reshape(-1).view(numpy.uint8)
 
 
-_quantized_dtypes: frozenset[Any] | None = None
-_dtype_names: dict[Any, str] = {}
+_dtype_names: dict[Any, str] = {}  # dtype: its name (``float32``), "" for a quantized one
+_strided: Any = None  # torch.strided, once the table takes tensors
 
 
-def _quantized(torch: Any) -> frozenset[Any]:
-    global _quantized_dtypes
-    if _quantized_dtypes is None:
-        found = (getattr(torch, name, None) for name in _QUANTIZED_NAMES)
-        _quantized_dtypes = frozenset(dtype for dtype in found if dtype is not None)
-    return _quantized_dtypes
-
-
-def _dtype_name(dtype: Any) -> str:
-    """``float32`` for ``torch.float32``: a string pickles without a global lookup."""
-    name = _dtype_names.get(dtype)
-    if name is None:
-        name = _dtype_names[dtype] = str(dtype).removeprefix("torch.")
-    return name
+def _learn_dtype(dtype: Any) -> str:
+    """``float32`` for ``torch.float32`` (a string pickles without a global lookup), or ""
+    for a quantized dtype, which torch's own pickling takes."""
+    name = str(dtype).removeprefix("torch.")
+    _dtype_names[dtype] = "" if name in _QUANTIZED_NAMES else name
+    return _dtype_names[dtype]
 
 
 # -- memoryviews and numpy arrays ----------------------------------------------------------------
@@ -204,7 +203,7 @@ _table_state: tuple[Any, ...] | None = None
 def dispatch_table() -> dict[type, Any]:
     """copyreg's table with this module's reducers, made again when copyreg's table grows or
     torch or numpy has been imported since (neither is imported here)."""
-    global _table, _ours_by_type, _table_state
+    global _table, _ours_by_type, _table_state, _strided
     modules = sys.modules
     tensor = getattr(modules.get("torch"), "Tensor", None)
     ndarray = getattr(modules.get("numpy"), "ndarray", None)
@@ -213,6 +212,7 @@ def dispatch_table() -> dict[type, Any]:
         ours: dict[type, Callable[[Any], Any]] = {memoryview: _memoryview_reduction}
         if isinstance(tensor, type):
             ours[tensor] = _tensor_reduction
+            _strided = modules["torch"].strided
         if isinstance(ndarray, type):
             ours[ndarray] = _ndarray_reduction
         _table = {**copyreg.dispatch_table, **ours}
