@@ -3,7 +3,8 @@
 Round trips of every buffer kind the channel writes out of band or by reference (bytes,
 bytearray, memoryview, numpy arrays, CPU torch tensors of several dtypes, non-contiguous and
 0-d ones) at the sizes where the layout changes (empty, around one ring chunk, 64 MiB through
-the spill file) under fork, spawn and forkserver: what comes back has the contents, type,
+the spill file) under fork, spawn and forkserver, to two workers and to one (whose tensors
+view the ring where they fit in a chunk): what comes back has the contents, type,
 dtype and shape that went out, and owns its memory (a value kept past later messages, which
 reuse the shared memory, stays as it was). Callables sent again are cached, never stale. A
 parent SIGKILLed during a 64 MiB transfer leaves no process and no shared memory behind.
@@ -67,9 +68,16 @@ class Keeper:
         return self.kept
 
 
-@pytest.fixture(scope="module", params=METHODS)
+@pytest.fixture(
+    scope="module",
+    params=[(method, n) for n in (2, 1) for method in METHODS],
+    ids=lambda p: f"{p[0]}-{p[1]}w",
+)
 def executor(request: pytest.FixtureRequest) -> Iterator[Any]:
-    with mp_launch(Keeper, start_method=request.param) as launched:
+    """Two workers (every value decoded into a copy of its own) and one (its tensors view
+    the ring: lent requests)."""
+    method, n = request.param
+    with mp_launch(Keeper, start_method=method, world_size=n) as launched:
         yield launched
 
 
@@ -163,7 +171,7 @@ def test_zero_dimensional_and_odd_tensors(executor: Any) -> None:
         memoryview(b"read only"),
     ]
     for value in values:
-        (got, _) = executor.collective_rpc("echo", (value,))
+        got = executor.collective_rpc("echo", (value,))[-1]
         assert type(got) is type(value), repr(value)
         if isinstance(value, torch.Tensor):
             assert got.shape == value.shape and got.dtype == value.dtype
@@ -221,7 +229,8 @@ def test_messages_exactly_around_a_chunk_and_a_slot(executor: Any) -> None:
     for target, size_of in ((CHUNK_BYTES, request), (SLOT_BYTES, reply)):
         for delta in (-1, 0, 1):
             data = _payload_for(target + delta, size_of)
-            assert executor.collective_rpc("echo", (data,)) == [data, data], f"{target}{delta:+}"
+            expected = [data] * executor.world_size
+            assert executor.collective_rpc("echo", (data,)) == expected, f"{target}{delta:+}"
 
 
 # -- callables -----------------------------------------------------------------------------------
@@ -233,7 +242,7 @@ def test_a_closure_whose_cell_changes_is_never_served_stale(executor: Any) -> No
 
     for value in (1, 2, 2, 3):
         counter = value
-        assert executor.collective_rpc(read) == [value, value]
+        assert executor.collective_rpc(read) == [value] * executor.world_size
     box = [0]
 
     def read_box(worker: Any) -> int:
@@ -242,7 +251,7 @@ def test_a_closure_whose_cell_changes_is_never_served_stale(executor: Any) -> No
     for value in (1, 2):  # a list in the cell: changed in place, so never cached
         box[0] = value
         assert type(encode_method(read_box)) is bytes
-        assert executor.collective_rpc(read_box) == [value, value]
+        assert executor.collective_rpc(read_box) == [value] * executor.world_size
 
 
 def _by_value(source: str) -> dict[str, Any]:
@@ -257,7 +266,7 @@ def test_a_function_whose_global_changes_is_never_served_stale(executor: Any) ->
     namespace = _by_value("SCALE = 1\ndef scaled(worker):\n    return SCALE * 10\n")
     for scale in (1, 2, 2, 5):
         namespace["SCALE"] = scale
-        assert executor.collective_rpc(namespace["scaled"]) == [scale * 10] * 2
+        assert executor.collective_rpc(namespace["scaled"]) == [scale * 10] * executor.world_size
 
 
 def test_a_repeated_callable_is_pickled_once_and_kept_by_the_workers(executor: Any) -> None:
@@ -270,7 +279,8 @@ def test_a_repeated_callable_is_pickled_once_and_kept_by_the_workers(executor: A
     )["count"]
     first = encode_method(count)
     assert type(first) is CachedPickle and encode_method(count) is first
-    assert [executor.collective_rpc(count) for _ in range(3)] == [[1, 1], [2, 2], [3, 3]]
+    calls = [executor.collective_rpc(count) for _ in range(3)]
+    assert calls == [[k] * executor.world_size for k in (1, 2, 3)]
 
 
 # -- a parent SIGKILLed mid-transfer ---------------------------------------------------------------

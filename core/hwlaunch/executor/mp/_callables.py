@@ -28,6 +28,9 @@ __all__ = ["KEPT", "CallReader", "KeptCallables", "SentCallables"]
 
 
 class Endpoint(Protocol):
+    @property
+    def lending(self) -> list[memoryview] | None: ...  # see ShmEndpoint.recv
+
     def recv(self) -> Body: ...
 
 
@@ -102,15 +105,19 @@ class CallReader:
         if kind == SHUTDOWN:
             _release(message, body)
             return kind, rpc_id, reply_rank, None
-        return kind, rpc_id, reply_rank, (message, digest, pickled, body)
+        return kind, rpc_id, reply_rank, (message, digest, pickled, body, channel.lending)
 
-    def take(self, call: tuple[Body, bytes, Body | None, Body]) -> Request:
-        """The call ``(method or function, args, kwargs)``; raises what decoding raised."""
-        message, digest, pickled, body = call
+    def take(self, call: tuple[Body, bytes, Body | None, Body, list[memoryview] | None]) -> Request:
+        """The call ``(method or function, args, kwargs)``; raises what decoding raised. Its
+        tensors view the channel's memory where the channel lends it (``lending``)."""
+        message, digest, pickled, body, lending = call
         try:
             entry = None if digest == NO_CALLABLE else self.kept.note(digest, pickled)
             # A plain pickle (the usual small call) without the call to decode().
-            method, args, kwargs = pickle.loads(body) if body[0] != FRAME_BYTE else decode(body)
+            if body[0] != FRAME_BYTE:
+                method, args, kwargs = pickle.loads(body)
+            else:
+                method, args, kwargs = decode(body, lending)
         finally:
             if type(message) is not bytes:  # a small call is copies: nothing to release
                 _release(message, body, pickled)

@@ -306,4 +306,6 @@ def serve(worker: Any, rank: int, channel: Endpoint) -> bool:
         if reply_rank is not None and reply_rank != rank and ok:
             value = None
         flush_output()
-        send(encoded(encode_reply, (rpc_id, ok, value)))
+        reply = encoded(encode_reply, (rpc_id, ok, value))
+        value = request = None  # so that a lent argument (see ShmEndpoint) can be free
+        send(reply)

@@ -100,6 +100,8 @@ class PipeChannel:
 class PipeEndpoint:
     """A worker's end of the pipe channel, with the shared-memory endpoint's operations."""
 
+    lending: list[memoryview] | None = None  # nothing is lent: a message is its own bytes
+
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
 

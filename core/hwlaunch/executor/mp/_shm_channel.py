@@ -11,7 +11,8 @@ last process that maps it ends), every part starting on a cache line of its own:
 
 - the parent's line: its *sleeping* byte;
 - one line per reader: its *sleeping* byte, its *consumed* byte (the sequence byte of the
-  last message it took), then its *drained* byte (see *output*);
+  last message it took), then its *drained* byte (see *output*), and from byte 8 a *held*
+  byte per chunk (see *lent requests*);
 - one line per reader that the parent writes: whether it holds each of the reader's two reply
   areas (see *lent replies*);
 - a ring of ``chunks`` chunks: a header line (the *sequence* byte, the message length) and
@@ -45,6 +46,17 @@ there always is one, and a result the caller keeps merely makes later replies of
 copies (as every reply of a spill file, or of the pipe channel, is). What stays lent is
 memory the workers can reach: a process forked from the parent later shares, rather than
 copies, a result it still holds.
+
+*Lent requests*: where the channel has one reader, the CPU tensors of a request view the
+chunk they arrived in while the worker uses them, instead of a copy (one copy of a large
+argument fewer). After the call, with the call's arguments and result dropped, the reader
+looks at the references to the views it lent (as the parent does for lent replies): while
+something still holds one (the worker kept the tensor, or a view of it), the reader sets its
+held byte for that chunk before it marks the message consumed, and clears it before a later
+message once nothing does. A held chunk's data is never written: a message whose turn comes
+to it goes to the spill file, whose messages, like any message when there are several
+readers, are decoded into copies. (Several readers read the same chunk, so a tensor that one
+of them wrote in place would change the others' arguments: they get copies.)
 
 *Output*: an RPC returns once what the workers wrote before their replies is on the console
 (``OutputPipes.sync``), which costs the parent a look at every output pipe after each call.
@@ -103,6 +115,7 @@ LINE = 64  # one cache line, so that parties polling different flags do not shar
 _LEN = struct.Struct("<Q")
 LENGTH_AT = 8  # in a chunk or slot header: the sequence byte at 0, the length here
 CONSUMED, DRAINED = 1, 2  # in a reader's line, after its sleeping byte
+HELD = 8  # in a reader's line, from here: one byte per chunk, set while the reader holds it
 SPILLED = 1 << 63  # length flag: the message lies in the spill file, from its start
 SECOND = 1 << 62  # reply length flag: the reply lies in the reader's second area
 _FLAGS = SPILLED | SECOND
@@ -202,6 +215,9 @@ class Geometry:
         self.chunk_bytes = chunk_bytes
         self.chunks = chunks
         self.slot_bytes = slot_bytes
+        # Requests are lent to the only reader (see *lent requests*), where its line has room
+        # for a held byte per chunk.
+        self.lends_requests = readers == 1 and HELD + chunks <= LINE
         chunk_stride = _round_up(LINE + chunk_bytes)
         slot_stride = _round_up(LINE + slot_bytes)
         lends = LINE * (1 + readers)
@@ -281,6 +297,7 @@ class ShmChannel:
         self._sleeping = [(g.line(1 + r), w) for r, (_, w) in enumerate(self._reader_wakes)]
         self._consumed = [g.line(1 + r) + CONSUMED for r in range(readers)]
         self._drained = [g.line(1 + r) + DRAINED for r in range(readers)]
+        self._holds = [g.line(1) + HELD] if g.lends_requests else []  # the held bytes' start
         self._sent = 0  # messages sent so far; the last one's sequence byte is its low byte
         self._poller: tuple[tuple[int, ...], Any] | None = None
         self._lent: dict[tuple[int, int], list[memoryview]] = {}  # (rank, area): the views
@@ -313,15 +330,22 @@ class ShmChannel:
         head: bytes = b"",
     ) -> None:
         """Write one message, ``head + data``, for every reader; ``alive()`` raises when a
-        reader is gone. A message larger than a chunk goes into the spill file."""
+        reader is gone. A message larger than a chunk, or one whose chunk a reader holds (see
+        *lent requests*), goes into the spill file."""
         g, mm = self.geometry, self.mm
         if self._lent:
             self._take_back()  # before the request: the readers look at the areas after it
         n = self._sent + 1
         self._wait_free(n, alive, deadline)
-        at = g.chunk_at[n % g.chunks]
+        index = n % g.chunks
+        at = g.chunk_at[index]
         size = len(head) + _size(data)
-        if size <= g.chunk_bytes:
+        held = False
+        if self._holds and not _TOTAL_STORE_ORDER:
+            fence()  # a held byte is read after the consumed byte stored after it
+        for hold in self._holds:  # (a loop: one reader at most, no generator on every call)
+            held = held or mm[hold + index] != 0
+        if size <= g.chunk_bytes and not held:
             _put(mm, at + LINE, head, data)
             _LEN.pack_into(mm, at + LENGTH_AT, size)
         else:
@@ -533,6 +557,11 @@ class ShmEndpoint:
         self._taken = 0  # messages taken so far
         self._watched: tuple[int, ...] = ()  # private duplicates of the output pipes' ends
         self._unread = array.array("i", [0])
+        # The views of the ring that decoding the last message may lend (see *lent requests*):
+        # a list while that message lies in a chunk this reader may hold, else None.
+        self.lending: list[memoryview] | None = None
+        self._lending_index = 0  # the chunk the lent views are in
+        self._held: dict[int, list[memoryview]] = {}  # chunk index: views still referenced
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__ | {"_mm": None, "_poller": None, "_watched": ()}
@@ -553,6 +582,7 @@ class ShmEndpoint:
             os.close(ring.fd)  # the mapping keeps the memory
             self._spill, self._reply_spill = Spill(spill.fd), Spill(reply_spill.fd)
             self._chunk_at, self._chunks, self._slot_bytes = g.chunk_at, g.chunks, g.slot_bytes
+            self._lends = g.lends_requests
             self._line = g.line(1 + self.rank)
             self._slot = g.slot_at[self.rank]
             self._lend_at = g.lend_at[self.rank]
@@ -564,10 +594,15 @@ class ShmEndpoint:
 
     def recv(self) -> memoryview | bytes:
         """The next message (blocking): a view until released, or a small one's copy;
-        answering it (``send``) lets the writer reuse its memory."""
+        answering it (``send``) lets the writer reuse its memory. Where the message lies in a
+        chunk this reader may hold, :attr:`lending` is a list for the views that decoding it
+        lends (``hwlaunch.executor.mp._wire.decode``), settled by ``send``."""
         mm = self._mm or self._map()
+        if self._held:
+            self._take_back(mm)
         n = self._taken + 1
-        seq, at = n & 0xFF, self._chunk_at[n % self._chunks]
+        index = n % self._chunks
+        seq, at = n & 0xFF, self._chunk_at[index]
         if mm[at] != seq:
             self._wait(at, seq)
         if not _TOTAL_STORE_ORDER:
@@ -582,6 +617,8 @@ class ShmEndpoint:
             return mm[start : start + length]
         else:
             memory, start = mm, at + LINE
+            if self._lends:
+                self.lending, self._lending_index = [], index
         with memoryview(memory) as whole:
             return whole[start : start + length]
 
@@ -598,7 +635,26 @@ class ShmEndpoint:
     def _mark_taken(self) -> None:
         """The writer may reuse the last message's chunk (and the spill file)."""
         assert self._mm is not None
+        if self.lending is not None:
+            self._settle(self._mm)
         self._mm[self._line + CONSUMED] = self._taken & 0xFF
+
+    def _settle(self, mm: mmap.mmap) -> None:
+        """Hold the last message's chunk while anything references a view lent from it."""
+        views, self.lending = self.lending, None
+        if views and _referenced(views):
+            self._held[self._lending_index] = views
+            mm[self._line + HELD + self._lending_index] = 1
+        elif views:
+            _release(views)
+
+    def _take_back(self, mm: mmap.mmap) -> None:
+        """Give back every held chunk whose views nobody references any more."""
+        for index, views in list(self._held.items()):
+            if not _referenced(views):
+                del self._held[index]
+                _release(views)
+                mm[self._line + HELD + index] = 0
 
     def _wait(self, at: int, seq: int) -> None:
         mm = self._mm
@@ -617,27 +673,34 @@ class ShmEndpoint:
     def send(self, data: Message) -> None:
         """Answer the last message taken, once its views are released (the parent reads each
         answer before it sends again, so the slot and the reply spill file are free). The
-        message counts as taken from here: the parent sees that before the answer."""
+        message counts as taken from here (the parent sees that before the answer), and its
+        chunk as held if a view lent from it is still referenced (the caller drops its own
+        references to the call's arguments and result first)."""
         mm = self._mm or self._map()
         seq = self._taken & 0xFF
-        line = self._line
-        mm[line + CONSUMED] = seq
-        mm[line + DRAINED] = seq ^ 0x80  # stale until the look after this answer
-        at = self._slot
+        line, at = self._line, self._slot
         # The first area, unless the parent lent it (it never holds both: see lent replies).
         second = mm[self._lend_at]
         start = self._areas[second]
-        flag = SECOND if second else 0
         if type(data) is bytes and len(data) <= self._slot_bytes:  # the usual small reply
             size = len(data)
             mm[start : start + size] = data
-            _LEN.pack_into(mm, at + LENGTH_AT, size | flag)
+            length = size | SECOND if second else size
         elif (size := _size(data)) <= self._slot_bytes:
             _put(mm, start, b"", data)
-            _LEN.pack_into(mm, at + LENGTH_AT, size | flag)
+            length = size | SECOND if second else size
         else:
             _put(self._reply_spill.memory(size, grow=True), 0, b"", data)
-            _LEN.pack_into(mm, at + LENGTH_AT, size | SPILLED)
+            length = size | SPILLED
+        if self.lending is not None:  # the reply is written: a lent view it held is not
+            if isinstance(data, Frame):  # referenced from it any more
+                data.drop()
+            self._settle(mm)  # (held before the writer can see the message taken)
+            if not _TOTAL_STORE_ORDER:
+                fence()
+        _LEN.pack_into(mm, at + LENGTH_AT, length)
+        mm[line + CONSUMED] = seq
+        mm[line + DRAINED] = seq ^ 0x80  # stale until the look after this answer
         if not _TOTAL_STORE_ORDER:
             fence()
         mm[at] = seq

@@ -17,8 +17,8 @@ The receiving side decodes in place, from a view of shared memory: the unpickler
 large byte string once into the new object, and every out-of-band buffer is copied once into
 memory of its own (a ``bytearray`` that the tensor, numpy array or memoryview rebuilt from it
 then uses), so the channel may reuse the shared memory as soon as decoding ends. Except where
-the caller lends it (``decode(view, lent)``: the parent's replies, see ``ShmChannel``): tensors
-then view it where they lie.
+the caller lends it (``decode(view, lent)``: the parent's replies, and the requests of a
+channel's only reader, see ``ShmChannel``): tensors then view it where they lie.
 
 A frame's layout, from an offset aligned to 64 bytes: the stream length and the buffer count,
 per buffer its length and whether this module's own rebuild function copies it, the pickle
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import pickle
 import struct
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import cloudpickle
@@ -123,6 +122,11 @@ class Frame:
             pos = at + align(pos - at)
             memory[pos : pos + buffer.nbytes] = buffer
             pos += buffer.nbytes
+
+    def drop(self) -> None:
+        """Let go of the objects the frame references (once it is written)."""
+        self.parts, self.buffers, self.keep = [], [], []
+        self.ours = {}
 
     def to_bytes(self) -> bytearray:
         """The frame as one buffer (for a pipe, which takes whole messages)."""
@@ -247,15 +251,23 @@ def encode_reply(reply: tuple[Any, ...]) -> Frame | bytes:
 
 
 # -- decoding ----------------------------------------------------------------------------
-def _buffers(view: memoryview, at: int, entries: list[tuple[int, int]]) -> Iterator[Any]:
-    """The out-of-band buffers, in order: a view of shared memory where this module's rebuild
-    function copies it (or, lent, keeps it), else a copy of its own (numpy's arrays view what
-    they are given, through a view of their own that a lender cannot follow)."""
-    for length, copies in entries:
+def _buffers(view: memoryview, pos: int, count: int, at: int) -> list[Any]:
+    """The ``count`` out-of-band buffers whose entries start at ``pos``, their data at ``at``
+    (rounded up to 64 bytes each): a view of ``view`` where this module's rebuild function
+    copies it (or, lent, keeps it), else a copy of its own (numpy's arrays view what they
+    are given, through a view of their own that a lender cannot follow)."""
+    pieces: list[Any] = []
+    for _ in range(count):
+        length, copies = _ENTRY.unpack_from(view, pos)
+        pos += _ENTRY.size
         at = align(at)
-        piece = view[at : at + length]
-        yield piece if copies else bytearray(piece)
+        piece: Any = view[at : at + length]
+        if not copies:
+            with piece:
+                piece = bytearray(piece)
+        pieces.append(piece)
         at += length
+    return pieces
 
 
 def decode(view: memoryview | bytes, lent: list[memoryview] | None = None) -> Any:
@@ -270,32 +282,20 @@ def decode(view: memoryview | bytes, lent: list[memoryview] | None = None) -> An
     if not isinstance(view, memoryview):
         view = memoryview(view)
     _, count, stream_size = _HEADER.unpack_from(view, 0)
-    pos = _HEADER.size
-    entries = []
-    for _ in range(count):
-        entries.append(_ENTRY.unpack_from(view, pos))
-        pos += _ENTRY.size
-    given: list[Any] = []
-    lending = lent is not None
-    LENDING.on = lending
+    pos = _HEADER.size + _ENTRY.size * count
+    pieces = _buffers(view, _HEADER.size, count, pos + stream_size)
+    LENDING.on = lent is not None
     try:
         with view[pos : pos + stream_size] as stream:
-            buffers = _kept(_buffers(view, pos + stream_size, entries), given)
-            return pickle.loads(stream, buffers=buffers)
+            return pickle.loads(stream, buffers=pieces)
     finally:
         LENDING.on = False
-        for piece in given:
-            if isinstance(piece, memoryview):
+        for piece in pieces:
+            if type(piece) is memoryview:
                 if lent is None:
                     piece.release()
                 else:
                     lent.append(piece)
-
-
-def _kept(pieces: Iterator[Any], given: list[Any]) -> Iterator[Any]:
-    for piece in pieces:
-        given.append(piece)
-        yield piece
 
 
 def decode_reply(
