@@ -297,7 +297,8 @@ class ShmChannel:
         self._sleeping = [(g.line(1 + r), w) for r, (_, w) in enumerate(self._reader_wakes)]
         self._consumed = [g.line(1 + r) + CONSUMED for r in range(readers)]
         self._drained = [g.line(1 + r) + DRAINED for r in range(readers)]
-        self._holds = [g.line(1) + HELD] if g.lends_requests else []  # the held bytes' start
+        # Where the only reader's held bytes start (see *lent requests*), else 0: none.
+        self._held_at = g.line(1) + HELD if g.lends_requests else 0
         self._sent = 0  # messages sent so far; the last one's sequence byte is its low byte
         self._poller: tuple[tuple[int, ...], Any] | None = None
         self._lent: dict[tuple[int, int], list[memoryview]] = {}  # (rank, area): the views
@@ -340,11 +341,11 @@ class ShmChannel:
         index = n % g.chunks
         at = g.chunk_at[index]
         size = len(head) + _size(data)
-        held = False
-        if self._holds and not _TOTAL_STORE_ORDER:
-            fence()  # a held byte is read after the consumed byte stored after it
-        for hold in self._holds:  # (a loop: one reader at most, no generator on every call)
-            held = held or mm[hold + index] != 0
+        held = self._held_at
+        if held:
+            if not _TOTAL_STORE_ORDER:
+                fence()  # a held byte is read after the consumed byte stored after it
+            held = mm[held + index]
         if size <= g.chunk_bytes and not held:
             _put(mm, at + LINE, head, data)
             _LEN.pack_into(mm, at + LENGTH_AT, size)
