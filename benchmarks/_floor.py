@@ -68,6 +68,12 @@ class Floor:
 
         return round_trip
 
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        assert self._process.pid is not None
+        return self._process.pid
+
     def end(self) -> None:
         self.mm[STOP] = 1
 

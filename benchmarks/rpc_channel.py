@@ -1,12 +1,13 @@
 """collective_rpc through the mp executor's channels, against the raw shared-memory floor.
 
     python benchmarks/rpc_channel.py [--rounds 7] [--method fork] [--out FILE.json]
-                                     [--baseline EARLIER.json]
+                                     [--baseline EARLIER.json] [--pin]
 
 In one parent (torch imported first, as an engine has), interleaved round by round in a new
 (seeded) random order each round, so that a burst of load from elsewhere hits every contender
-alike, and one executor's named and lambda no-ops call by call (see ``batches``); every call
-timed on its own, medians reported:
+alike, and call by call where two contenders are compared on one executor or one CPU pair (an
+executor's named and lambda no-ops; the floor and the one-worker echoes of a size: see
+``batches``); every call timed on its own, medians reported:
 
 - the floor (``_floor.py``): a parent and a forked child copying the same bytes through an
   ``mmap`` with a sequence byte, polling with ``sched_yield`` as the channel does: 1 byte,
@@ -17,6 +18,15 @@ timed on its own, medians reported:
 - 2 and 4 workers, shm channel against pipe channel, named and lambda no-ops (on a 2-CPU
   machine, 4 workers and their parent contend for the CPUs);
 - the CPU time of idle shm workers over 5 s (1 and 4 workers), after the spin window.
+
+The floor and the one-worker echoes of a size take turns (``_time_turns``), each turn timed
+once it runs as calls do on every step of an engine, one after another: after ``WARM`` calls
+that are not timed (after a pause of 60 ms, a 1 MiB echo comes down to within 10 % of its
+steady cost over some 20 calls and goes on falling slowly until 60 or so; the floor, with far
+less code and memory, takes 3). ``--pin`` puts the parent
+on one CPU and the worker (or the floor's child) on another while a one-worker contender runs
+(on this 2-CPU VM, pinned, the floor's round trip takes ~1 ms instead of ~0.1 ms in about
+half of its turns, so the default lets the scheduler place them).
 
 Between two contenders the parent waits out the spin window, so that workers still polling
 after one contender's calls do not take CPU from the next, and the quiet time that a sign of
@@ -49,6 +59,8 @@ except ImportError:  # a --baseline run of a version without it
 
 MIB = 1024 * 1024
 CALLS = {"noop": 200, "1MiB": 30, "16MiB": 5}  # per contender and round
+TURN = 15  # timed calls per turn where the floor and the echoes of a size take turns
+WARM = {"1MiB": 50, "16MiB": 5}  # calls before each turn, not timed (see _time_turns)
 IDLE_SECONDS = 5.0
 SIZES = {"1MiB": MIB, "16MiB": 16 * MIB}
 GROUPS = {"shm-1": ("shm", 1), "shm-2": ("shm", 2), "pipe-2": ("pipe", 2)}
@@ -100,20 +112,33 @@ def _calls(name: str) -> int:
 
 
 def batches(cases: dict[str, Case]) -> list[list[str]]:
-    """The contenders that run interleaved, call by call: one executor's named and lambda
-    no-ops, so that whatever state the machine is in during a batch (where the scheduler put
-    the two processes, what runs beside them) is the same for both sides of their ratio.
-    Every other contender (a payload, a floor) runs in a batch of its own."""
+    """The contenders that run interleaved, call by call, so that whatever state the machine
+    is in during a batch (where the scheduler put the processes, what runs beside them, what
+    the host takes) is the same for both sides of a ratio: one executor's named and lambda
+    no-ops; the floor and the one-worker echoes of one payload size, in short turns
+    (``_time_turns``). Every other contender runs in a batch of its own."""
     grouped: dict[str, list[str]] = {}
     for name in cases:
         group, what = name.split("/")
-        grouped.setdefault(f"{group}/noop" if what.startswith("noop-") else name, []).append(name)
+        if what.startswith("noop-"):
+            key = f"{group}/noop"
+        elif group in ("floor", "shm-1"):
+            key = f"payload/{what.split('-')[0]}"
+        else:
+            key = name
+        grouped.setdefault(key, []).append(name)
     return list(grouped.values())
 
 
-def time_rounds(cases: dict[str, Case], rounds: int, window: float) -> dict[str, list[float]]:
+Placement = Callable[[str], None]  # puts the parent where a contender's group runs
+
+
+def time_rounds(
+    cases: dict[str, Case], rounds: int, window: float, place: Placement
+) -> dict[str, list[float]]:
     samples: dict[str, list[float]] = {name: [] for name in cases}
-    for start in cases.values():  # warm-up: every path once (the callable's first trip too)
+    for name, start in cases.items():  # warm-up: every path once (the callable's first trip)
+        place(name)
         call, end = start()
         call()
         end()
@@ -122,9 +147,30 @@ def time_rounds(cases: dict[str, Case], rounds: int, window: float) -> dict[str,
     for _ in range(rounds):
         shuffle(order)  # no batch always runs right after the same other one
         for names in order:
+            place(names[0])
             time.sleep(max(window, QUIET_AFTER_CONTENTION) + 0.02)  # see the docstring
-            _time_batch(cases, names, samples)
+            if names[0].startswith("floor/") and len(names) > 1:
+                _time_turns(cases, names, samples, window)
+            else:
+                _time_batch(cases, names, samples)
     return samples
+
+
+def placement(executors: dict[str, Any], floor: Floor, pin: bool) -> Placement:
+    """With ``pin`` (and two CPUs or more): the one-worker executor's worker and the floor's
+    child on the last CPU, and the parent on the first while a one-worker contender runs;
+    on every CPU otherwise."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if not pin or len(cpus) < 2:
+        return lambda name: None
+    for pid in (executors["shm-1"].pids[0], floor.pid):
+        os.sched_setaffinity(pid, {cpus[-1]})
+
+    def place(name: str) -> None:
+        alone = name.split("/")[0] in ("shm-1", "floor")
+        os.sched_setaffinity(0, {cpus[0]} if alone else set(cpus))
+
+    return place
 
 
 def _time_batch(cases: dict[str, Case], names: list[str], samples: dict[str, list[float]]) -> None:
@@ -136,6 +182,31 @@ def _time_batch(cases: dict[str, Case], names: list[str], samples: dict[str, lis
             times.append(time.perf_counter() - began)
     for _, _, end in started:
         end()
+
+
+def _time_turns(
+    cases: dict[str, Case], names: list[str], samples: dict[str, list[float]], window: float
+) -> None:
+    """The floor and the echoes of one size in turns of ``TURN`` calls each (in a new order
+    each time), after the worker's spin window, so that the floor's child and the worker
+    never poll at once; each turn starts with ``WARM`` calls that are not timed, so that it
+    is timed as calls run one after another (the worker polling, the caches holding the
+    code and the memory of a call, as on every step of an engine)."""
+    size = names[0].split("/")[1].split("-")[0]
+    order, timed, warm = list(names), min(TURN, _calls(names[0])), WARM[size]
+    for turn in range(_calls(names[0]) // timed):
+        random.Random(turn).shuffle(order)
+        for name in order:
+            time.sleep(window + 0.005)  # the worker stopped polling
+            call, end = cases[name]()
+            for _ in range(warm):
+                call()
+            times = samples[name]
+            for _ in range(timed):
+                began = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - began)
+            end()
 
 
 def idle_fractions(executor: Any, window: float) -> list[float]:
@@ -151,7 +222,7 @@ def idle_fractions(executor: Any, window: float) -> list[float]:
     return [(a - b) / IDLE_SECONDS for a, b in zip(after, before, strict=True)]
 
 
-def measure(rounds: int, method: str) -> dict[str, Any]:
+def measure(rounds: int, method: str, pin: bool) -> dict[str, Any]:
     import torch  # noqa: F401  (the parent has torch, as an engine has)
 
     floor = Floor(max(SIZES.values()))
@@ -161,7 +232,9 @@ def measure(rounds: int, method: str) -> dict[str, Any]:
     }
     window = max(e.rpc_spin or 0.0 for e in executors.values())
     try:
-        samples = time_rounds(make_cases(executors, floor), rounds, window)
+        place = placement(executors, floor, pin)
+        samples = time_rounds(make_cases(executors, floor), rounds, window, place)
+        place("idle/")
         idle = {name: idle_fractions(executors[name], window) for name in ("shm-1", "shm-4")}
         spins = {name: e.rpc_spin for name, e in executors.items()}
     finally:
@@ -174,6 +247,7 @@ def measure(rounds: int, method: str) -> dict[str, Any]:
         "load_average": os.getloadavg(),
         "spin": spins,
         "rounds": rounds,
+        "pinned": pin and len(os.sched_getaffinity(0)) >= 2,
         "samples": samples,
         "median": {k: statistics.median(v) for k, v in samples.items()},
         "idle_core_fraction": idle,
@@ -226,7 +300,8 @@ def report(result: dict[str, Any]) -> str:
     lines = [
         f"collective_rpc, mp executor ({result['method']}), {result['cpus']} CPUs, load average "
         f"{', '.join(f'{x:.1f}' for x in result['load_average'])} at the end; every call timed, "
-        f"{result['rounds']} interleaved rounds; spin windows: "
+        f"{result['rounds']} interleaved rounds; one-worker contenders "
+        f"{'pinned apart' if result.get('pinned') else 'unpinned'}; spin windows: "
         + ", ".join(f"{k} {v:g} s" for k, v in spin.items() if v is not None),
         "",
         "| case | median per call | ratio |",
@@ -265,8 +340,9 @@ def main() -> None:
     parser.add_argument("--method", default="fork", choices=("fork", "spawn", "forkserver"))
     parser.add_argument("--out", help="write every sample as JSON here")
     parser.add_argument("--baseline", help="the --out JSON of an earlier run to compare with")
+    parser.add_argument("--pin", action="store_true", help="one-worker contenders pinned apart")
     args = parser.parse_args()
-    result = measure(args.rounds, args.method)
+    result = measure(args.rounds, args.method, args.pin)
     baseline = None
     if args.baseline:
         with open(args.baseline) as earlier:
