@@ -216,10 +216,9 @@ class Executor(ABC):
             type(method) is str
             and method
             and type(args) is tuple
-            and not args
             and (kwargs is None or (type(kwargs) is dict and not kwargs))
         ):
-            request = (method, (), {})  # the usual call by name: nothing to check or encode
+            request = (method, args, {})  # the usual call by name: nothing to check or encode
             label = method
         else:
             method, args, keywords = check_call(method, args, kwargs)
