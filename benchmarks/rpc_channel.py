@@ -24,9 +24,11 @@ once it runs as calls do on every step of an engine, one after another: after ``
 that are not timed (after a pause of 60 ms, a 1 MiB echo comes down to within 10 % of its
 steady cost over some 20 calls and goes on falling slowly until 60 or so; the floor, with far
 less code and memory, takes 3). ``--pin`` puts the parent
-on one CPU and the worker (or the floor's child) on another while a one-worker contender runs
-(on this 2-CPU VM, pinned, the floor's round trip takes ~1 ms instead of ~0.1 ms in about
-half of its turns, so the default lets the scheduler place them).
+on one CPU and the worker (or the floor's child) on another during those turns too (on this
+2-CPU VM, pinned, the floor's 1 MiB round trip takes ~1 ms instead of ~0.1 ms in about half
+of its turns, so by default the scheduler places them). The one-worker no-ops always run
+pinned so: placed by the scheduler, a whole batch of them costs 15 or 45 µs a call depending
+on where it put the two processes.
 
 Between two contenders the parent waits out the spin window, so that workers still polling
 after one contender's calls do not take CPU from the next, and the quiet time that a sign of
@@ -157,18 +159,22 @@ def time_rounds(
 
 
 def placement(executors: dict[str, Any], floor: Floor, pin: bool) -> Placement:
-    """With ``pin`` (and two CPUs or more): the one-worker executor's worker and the floor's
-    child on the last CPU, and the parent on the first while a one-worker contender runs;
-    on every CPU otherwise."""
+    """Where a contender runs (on two CPUs or more): the one-worker no-ops (and the floor's
+    1-byte round trip) with the parent on the first CPU and the worker (the floor's child)
+    on the last, so that where the scheduler happens to put the two does not decide them;
+    the payload turns likewise with ``pin``; everything else on every CPU."""
     cpus = sorted(os.sched_getaffinity(0))
-    if not pin or len(cpus) < 2:
+    if len(cpus) < 2:
         return lambda name: None
-    for pid in (executors["shm-1"].pids[0], floor.pid):
-        os.sched_setaffinity(pid, {cpus[-1]})
+    everywhere, last = set(cpus), {cpus[-1]}
+    children = (executors["shm-1"].pids[0], floor.pid)
 
     def place(name: str) -> None:
-        alone = name.split("/")[0] in ("shm-1", "floor")
-        os.sched_setaffinity(0, {cpus[0]} if alone else set(cpus))
+        group, what = name.split("/")[0], name.split("/")[-1]
+        apart = group in ("shm-1", "floor") and (pin or what.startswith("noop"))
+        os.sched_setaffinity(0, {cpus[0]} if apart else everywhere)
+        for pid in children:
+            os.sched_setaffinity(pid, last if apart else everywhere)
 
     return place
 
@@ -234,7 +240,7 @@ def measure(rounds: int, method: str, pin: bool) -> dict[str, Any]:
     try:
         place = placement(executors, floor, pin)
         samples = time_rounds(make_cases(executors, floor), rounds, window, place)
-        place("idle/")
+        place("idle/all")
         idle = {name: idle_fractions(executors[name], window) for name in ("shm-1", "shm-4")}
         spins = {name: e.rpc_spin for name, e in executors.items()}
     finally:
