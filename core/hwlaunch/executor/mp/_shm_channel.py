@@ -83,7 +83,6 @@ import os
 import platform
 import select
 import struct
-import sys
 import tempfile
 import termios
 import time
@@ -93,6 +92,7 @@ from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
 from hwlaunch.executor.mp._callables import SentCallables
+from hwlaunch.executor.mp._loans import Loans
 from hwlaunch.executor.mp._shm_wait import Spinner, drain, fence, sleep_until, wake, wake_pipe
 from hwlaunch.executor.mp._wire import Frame
 
@@ -248,27 +248,6 @@ _CLOSED_MAP = mmap.mmap(-1, 1)  # what a closed channel holds instead of a mappi
 _CLOSED_MAP.close()
 
 
-def _referenced(views: list[memoryview]) -> bool:
-    """Whether anything besides ``views`` references one of them: a tensor made from it
-    (``torch.frombuffer`` keeps a reference to the view it is given, for as long as any tensor
-    uses that memory). Counted against a probe that only this function and the list hold, so
-    that the count does not depend on how the interpreter holds a loop's items."""
-    probe = memoryview(b"")
-    views.append(probe)
-    try:
-        counts = [sys.getrefcount(view) for view in views]
-    finally:
-        views.pop()
-    free = counts.pop() - 1  # the probe has this function's name for it, the views do not
-    return any(count > free for count in counts)
-
-
-def _release(views: list[memoryview]) -> None:
-    for view in views:
-        with contextlib.suppress(BufferError):  # exported after all: it goes with its holder
-            view.release()
-
-
 # -- the parent's side -----------------------------------------------------------------------
 class ShmChannel:
     """The writer: broadcasts requests, gathers replies. Used by one RPC thread at a time."""
@@ -301,7 +280,7 @@ class ShmChannel:
         self._held_at = g.line(1) + HELD if g.lends_requests else 0
         self._sent = 0  # messages sent so far; the last one's sequence byte is its low byte
         self._poller: tuple[tuple[int, ...], Any] | None = None
-        self._lent: dict[tuple[int, int], list[memoryview]] = {}  # (rank, area): the views
+        self._lent = Loans()  # the reply areas lent to results, by their lend bytes
         self._closed = False
 
     def endpoint(self, rank: int, conn: Connection | None = None) -> ShmEndpoint:
@@ -334,8 +313,8 @@ class ShmChannel:
         reader is gone. A message larger than a chunk, or one whose chunk a reader holds (see
         *lent requests*), goes into the spill file."""
         g, mm = self.geometry, self.mm
-        if self._lent:
-            self._take_back()  # before the request: the readers look at the areas after it
+        if self._lent:  # before the request: the readers look at the areas after it
+            self._lent.take_back(mm)
         n = self._sent + 1
         self._wait_free(n, alive, deadline)
         index = n % g.chunks
@@ -440,29 +419,14 @@ class ShmChannel:
             memory, start = self.mm, self.geometry.area_at[rank][area]
             if size <= COPY_MAX_BYTES:  # one small allocation is cheaper than two views
                 return decode(memory[start : start + size], None)
-            if (rank, 1 - area) not in self._lent:  # the reader always keeps one free area
+            lend_at = self.geometry.lend_at[rank]
+            if lend_at + 1 - area not in self._lent:  # the reader always keeps one free area
                 lent = []
         with memoryview(memory) as whole, whole[start : start + size] as view:
             value = decode(view, lent)
         if lent:
-            self._hold(rank, area, lent)
+            self._lent.settle(self.mm, lend_at + area, lent)
         return value
-
-    def _hold(self, rank: int, area: int, views: list[memoryview]) -> None:
-        """Keep the area while anything but this list references a view of it."""
-        if _referenced(views):
-            self._lent[rank, area] = views
-            self.mm[self.geometry.lend_at[rank] + area] = 1
-        else:
-            _release(views)
-
-    def _take_back(self) -> None:
-        """Mark free every lent area whose views nobody holds any more."""
-        for (rank, area), views in list(self._lent.items()):
-            if not _referenced(views):
-                del self._lent[rank, area]
-                _release(views)
-                self.mm[self.geometry.lend_at[rank] + area] = 0
 
     def _await(
         self,
@@ -514,7 +478,7 @@ class ShmChannel:
             return
         self._closed = True
         self._poller = None
-        self._lent.clear()
+        self._lent.forget()
         try:
             self.mm.close()
         except BufferError:  # a lent result still views it: unmapped when the last one goes
@@ -561,8 +525,8 @@ class ShmEndpoint:
         # The views of the ring that decoding the last message may lend (see *lent requests*):
         # a list while that message lies in a chunk this reader may hold, else None.
         self.lending: list[memoryview] | None = None
-        self._lending_index = 0  # the chunk the lent views are in
-        self._held: dict[int, list[memoryview]] = {}  # chunk index: views still referenced
+        self._lending_at = 0  # the held byte of the chunk the lent views are in
+        self._held = Loans()  # the chunks still lent to arguments, by their held bytes
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__ | {"_mm": None, "_poller": None, "_watched": ()}
@@ -600,7 +564,7 @@ class ShmEndpoint:
         lends (``hwlaunch.executor.mp._wire.decode``), settled by ``send``."""
         mm = self._mm or self._map()
         if self._held:
-            self._take_back(mm)
+            self._held.take_back(mm)
         n = self._taken + 1
         index = n % self._chunks
         seq, at = n & 0xFF, self._chunk_at[index]
@@ -619,7 +583,7 @@ class ShmEndpoint:
         else:
             memory, start = mm, at + LINE
             if self._lends:
-                self.lending, self._lending_index = [], index
+                self.lending, self._lending_at = [], self._line + HELD + index
         with memoryview(memory) as whole:
             return whole[start : start + length]
 
@@ -643,19 +607,8 @@ class ShmEndpoint:
     def _settle(self, mm: mmap.mmap) -> None:
         """Hold the last message's chunk while anything references a view lent from it."""
         views, self.lending = self.lending, None
-        if views and _referenced(views):
-            self._held[self._lending_index] = views
-            mm[self._line + HELD + self._lending_index] = 1
-        elif views:
-            _release(views)
-
-    def _take_back(self, mm: mmap.mmap) -> None:
-        """Give back every held chunk whose views nobody references any more."""
-        for index, views in list(self._held.items()):
-            if not _referenced(views):
-                del self._held[index]
-                _release(views)
-                mm[self._line + HELD + index] = 0
+        if views is not None:
+            self._held.settle(mm, self._lending_at, views)
 
     def _wait(self, at: int, seq: int) -> None:
         mm = self._mm
@@ -683,23 +636,22 @@ class ShmEndpoint:
         # The first area, unless the parent lent it (it never holds both: see lent replies).
         second = mm[self._lend_at]
         start = self._areas[second]
+        where = SECOND if second else 0  # the length's flags: which area, or the spill file
         if type(data) is bytes and len(data) <= self._slot_bytes:  # the usual small reply
-            size = len(data)
-            mm[start : start + size] = data
-            length = size | SECOND if second else size
-        elif (size := _size(data)) <= self._slot_bytes:
+            length = len(data)
+            mm[start : start + length] = data
+        elif (length := _size(data)) <= self._slot_bytes:
             _put(mm, start, b"", data)
-            length = size | SECOND if second else size
         else:
-            _put(self._reply_spill.memory(size, grow=True), 0, b"", data)
-            length = size | SPILLED
+            _put(self._reply_spill.memory(length, grow=True), 0, b"", data)
+            where = SPILLED
         if self.lending is not None:  # the reply is written: a lent view it held is not
             if isinstance(data, Frame):  # referenced from it any more
                 data.drop()
             self._settle(mm)  # (held before the writer can see the message taken)
             if not _TOTAL_STORE_ORDER:
                 fence()
-        _LEN.pack_into(mm, at + LENGTH_AT, length)
+        _LEN.pack_into(mm, at + LENGTH_AT, length | where)
         mm[line + CONSUMED] = seq
         mm[line + DRAINED] = seq ^ 0x80  # stale until the look after this answer
         if not _TOTAL_STORE_ORDER:

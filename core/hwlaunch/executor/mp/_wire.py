@@ -251,12 +251,13 @@ def encode_reply(reply: tuple[Any, ...]) -> Frame | bytes:
 
 
 # -- decoding ----------------------------------------------------------------------------
-def _buffers(view: memoryview, pos: int, count: int, at: int) -> list[Any]:
-    """The ``count`` out-of-band buffers whose entries start at ``pos``, their data at ``at``
-    (rounded up to 64 bytes each): a view of ``view`` where this module's rebuild function
-    copies it (or, lent, keeps it), else a copy of its own (numpy's arrays view what they
-    are given, through a view of their own that a lender cannot follow)."""
-    pieces: list[Any] = []
+def _buffers(view: memoryview, pos: int, count: int, at: int, pieces: list[Any]) -> None:
+    """Append to ``pieces`` the ``count`` out-of-band buffers whose entries start at ``pos``,
+    their data at ``at`` (rounded up to 64 bytes each): a view of ``view`` where this module's
+    rebuild function copies it (or, lent, keeps it), else a copy of its own (numpy's arrays
+    view what they are given, through a view of their own that a lender cannot follow). Each
+    view is in ``pieces`` as soon as it is made, so that the caller releases it whatever
+    happens next."""
     for _ in range(count):
         length, copies = _ENTRY.unpack_from(view, pos)
         pos += _ENTRY.size
@@ -267,7 +268,6 @@ def _buffers(view: memoryview, pos: int, count: int, at: int) -> list[Any]:
                 piece = bytearray(piece)
         pieces.append(piece)
         at += length
-    return pieces
 
 
 def decode(view: memoryview | bytes, lent: list[memoryview] | None = None) -> Any:
@@ -283,9 +283,10 @@ def decode(view: memoryview | bytes, lent: list[memoryview] | None = None) -> An
         view = memoryview(view)
     _, count, stream_size = _HEADER.unpack_from(view, 0)
     pos = _HEADER.size + _ENTRY.size * count
-    pieces = _buffers(view, _HEADER.size, count, pos + stream_size)
+    pieces: list[Any] = []
     LENDING.on = lent is not None
     try:
+        _buffers(view, _HEADER.size, count, pos + stream_size, pieces)
         with view[pos : pos + stream_size] as stream:
             return pickle.loads(stream, buffers=pieces)
     finally:
