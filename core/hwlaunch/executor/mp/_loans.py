@@ -40,7 +40,7 @@ def release(views: list[memoryview]) -> None:
 
 class Loans:
     """The views still lent, each list under the offset of the flag byte that marks its
-    memory in use (nonzero offsets: a flag never sits at the very start of the mapping)."""
+    memory in use."""
 
     __slots__ = ("_views",)
 
