@@ -170,7 +170,7 @@ def placement(executors: dict[str, Any], floor: Floor, pin: bool) -> Placement:
     children = (executors["shm-1"].pids[0], floor.pid)
 
     def place(name: str) -> None:
-        group, what = name.split("/")[0], name.split("/")[-1]
+        group, _, what = name.partition("/")
         apart = group in ("shm-1", "floor") and (pin or what.startswith("noop"))
         os.sched_setaffinity(0, {cpus[0]} if apart else everywhere)
         for pid in children:
