@@ -250,6 +250,71 @@ def test_polling_gives_way_to_a_busy_neighbour() -> None:
     assert not Spinner(window=0.0).poll(memory, never, 1, None)  # no window: never polls
 
 
+HICCUP = """
+import os, signal, sys, time
+pid, pause, count = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+print("ready", flush=True)
+sys.stdin.readline()  # the parent polls from here on
+time.sleep(0.1)
+for _ in range(count):
+    os.kill(pid, signal.SIGSTOP)  # what the host taking the CPU away looks like from inside
+    time.sleep(0.005)
+    os.kill(pid, signal.SIGCONT)
+    time.sleep(pause)
+sys.stdin.read()  # stays, idle, until the poll has ended: its exit takes no CPU from it
+"""
+
+
+def _poll_through_hiccups(count: int, pause: float) -> tuple[Spinner, float, float, float]:
+    """Poll a flag that never comes for a 1 s window while another process, started and idle
+    before the poll begins, stops this one ``count`` times for 5 ms, ``pause`` s apart: the
+    spinner, when the poll began, how long it polled, and how long it stays quiet from the
+    moment it stopped."""
+    memory = mmap.mmap(-1, 64)
+    spinner = Spinner(window=1.0)
+    hiccups = subprocess.Popen(
+        [sys.executable, "-c", HICCUP, str(os.getpid()), str(pause), str(count)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert hiccups.stdin is not None and hiccups.stdout is not None
+    try:
+        assert hiccups.stdout.readline() == "ready\n"
+        time.sleep(0.05)  # its start-up is over
+        hiccups.stdin.write("go\n")
+        hiccups.stdin.flush()
+        start = time.monotonic()
+        assert not spinner.poll(memory, (0,), 1, None)
+        stopped = time.monotonic()
+    finally:
+        hiccups.stdin.close()
+        hiccups.wait(30)
+    return spinner, start, stopped - start, spinner.quiet_until - stopped
+
+
+def test_one_late_yield_alone_does_not_stop_polling() -> None:
+    """A CPU taken away once (steal time on a virtual machine) is no neighbour that needs
+    it: the spinner polls on to the end of its window and stays ready to poll. Up to three
+    tries, as a busy machine can itself give a second late yield: a spinner that stops at
+    the first one fails every try."""
+    tries = []
+    for _ in range(3):
+        spinner, start, polled, quiet = _poll_through_hiccups(1, 0.0)
+        assert spinner.late_at > start, "the hiccup came after the window: nothing was tested"
+        tries.append(f"{polled:.3f}s")
+        if polled >= 0.95 and quiet < 0:
+            return
+    pytest.fail(f"stopped polling a 1 s window after {', '.join(tries)}")
+
+
+def test_two_late_yields_close_together_stop_polling() -> None:
+    """Two within ``CONFIRM_WITHIN`` are: another task takes the CPU at every yield."""
+    _, _, polled, quiet = _poll_through_hiccups(2, 0.02)
+    assert polled < 0.5, f"polled {polled:.3f}s through two late yields 20 ms apart"
+    assert quiet > 0.2  # QUIET_AFTER_CONTENTION from the second late yield
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_a_dead_reader_never_blocks_the_writer(
     method: str, readers: Callable[..., Readers]

@@ -8,7 +8,8 @@ round trip: an atomic read-modify-write), so a wake-up is never lost; a bounded 
 second guard.
 
 Polling pays only where it takes no CPU from anyone: the spinner measures contention (how
-long a yield gave the CPU away) and blocks while there is any (see :class:`Spinner`).
+long a yield gave the CPU away, twice, so that a hiccup of the host is not taken for it) and
+blocks while there is any (see :class:`Spinner`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ BLOCK_STEP = 0.1  # the longest a blocked party sleeps before it looks again (a 
 # instead, and polls again only after QUIET_AFTER_CONTENTION seconds.
 CONTENDED_YIELD = 500e-6
 QUIET_AFTER_CONTENTION = 0.25
+# One late yield alone is not taken for contention: on a virtual machine the host takes a CPU
+# away now and then (steal time), from whoever runs on it, and blocking would then cost every
+# call of the next QUIET_AFTER_CONTENTION seconds a wake-up for nothing. A task that needs the
+# CPU takes a slice at every yield, so a second late yield this soon after confirms it.
+CONFIRM_WITHIN = 0.1
 # Looks at the flags before the first yield: a short call's answer is often a few microseconds
 # away, and a yield (a system call) would see it up to a microsecond late.
 EAGER_LOOKS = 100
@@ -100,9 +106,10 @@ class Spinner:
     """One party's polling policy: poll while the CPU is free for it, block otherwise.
 
     Polling yields the CPU on every round (``sched_yield``), so that a party that shares a CPU
-    with the one it waits for lets it run. When a yield comes back late, another task needed
-    the CPU; polling then costs that task a time slice per round, so this party stops polling
-    (the wait blocks) for ``QUIET_AFTER_CONTENTION`` seconds. The count of runnable tasks is
+    with the one it waits for lets it run. When yields come back late twice within
+    ``CONFIRM_WITHIN`` seconds, another task needs the CPU; polling then costs that task a
+    time slice per round, so this party stops polling (the wait blocks) for
+    ``QUIET_AFTER_CONTENTION`` seconds. The count of runnable tasks is
     no guide: on a machine that other programs keep loaded (a load average of 5 on 2 CPUs)
     polling still answered a no-op in 16 µs where blocking took 60 µs.
     """
@@ -110,6 +117,7 @@ class Spinner:
     def __init__(self, window: float) -> None:
         self.window = window
         self.quiet_until = 0.0  # no polling before this time (monotonic)
+        self.late_at = -CONFIRM_WITHIN  # when a yield last came back late (monotonic)
 
     def poll(self, mm: mmap.mmap, flags: Sequence[int], seq: int, deadline: float | None) -> bool:
         """Poll until every byte at ``flags`` is ``seq``, for the window (or until
@@ -128,14 +136,20 @@ class Spinner:
             end = deadline
         while True:
             _sched_yield()
+            last, now = now, _now()
+            ready = True
             for at in flags:
                 if mm[at] != seq:
+                    ready = False
                     break
-            else:
-                return True
-            last, now = now, _now()
+            # A late yield counts even where the answer came meanwhile: next to a busy task
+            # every yield is late, and the answer has mostly come by the time it returns.
             if now - last > CONTENDED_YIELD:
-                self.quiet_until = now + QUIET_AFTER_CONTENTION
-                return False
+                if now - self.late_at < CONFIRM_WITHIN:
+                    self.quiet_until = now + QUIET_AFTER_CONTENTION
+                    return ready
+                self.late_at = now
+            if ready:
+                return True
             if now >= end:
                 return False
