@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from hwlaunch._data import fields_of
@@ -187,9 +187,10 @@ class ThreadFacts:
 
     def summary(self) -> str:
         """``3 threads: 2 of torch's OpenMP pool (libgomp.so.1), 'my-poller'``."""
-        alike: dict[ThreadInfo, int] = {}
-        for thread in self.others:
-            alike[thread] = alike.get(thread, 0) + 1
+        alike: dict[ThreadInfo, int] = {}  # by what the label shows: a native thread's
+        for thread in self.others:  # own name (``gcs_client_io_s``) is not part of it
+            key = thread if thread.kind == "python" else replace(thread, name="")
+            alike[key] = alike.get(key, 0) + 1
         n = len(self.others)
         parts = ", ".join(thread.label(count) for thread, count in alike.items())
         text = f"{n} thread{'s' if n != 1 else ''}: {parts}" if n else "no other threads"

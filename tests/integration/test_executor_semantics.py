@@ -161,7 +161,9 @@ class TestLocalExecutors(Semantics):
         return str(request.param)
 
 
-# Last in the module: the processes forked above must not inherit Ray's threads.
+# Marked ray: it runs after every test that forks (tests/conftest.py), so that no forked
+# process inherits Ray's threads.
+@pytest.mark.ray
 class TestRayExecutor(Semantics):
     @pytest.fixture
     def kind(self, ray_instance: None) -> str:

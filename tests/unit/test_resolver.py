@@ -27,7 +27,14 @@ from hwlaunch.planning.facts import MAIN_GUARD_VALUES
 from hwlaunch.planning.rules import decide
 from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.plugins import cpu, cuda, hpu, xpu
-from hwlaunch.runtime_facts import REIMPORT_UNSAFE, DeviceFacts, MainGuard, RuntimeFacts
+from hwlaunch.runtime_facts import (
+    REIMPORT_UNSAFE,
+    DeviceFacts,
+    MainGuard,
+    RuntimeFacts,
+    ThreadFacts,
+    ThreadInfo,
+)
 
 pytestmark = pytest.mark.usefixtures("clean_env")
 
@@ -896,3 +903,17 @@ def test_allowed_explicit_method_is_ignored_with_a_warning_outside_mp() -> None:
     assert plan.executor == "uni"
     assert plan.start_method is None
     assert any("'spawn' from resolve(start_method=) is ignored" in w for w in plan.warnings)
+
+
+def test_threads_summary_counts_native_threads_alike_whatever_their_names() -> None:
+    """Ray leaves ten native threads of differing names (``gcs_client_io_s``,
+    ``event_engine``, ...) in _raylet.so: one count, as the label shows no name; Python
+    threads stay apart by name."""
+    ray = [ThreadInfo(name, "native", "_raylet.so", "ray") for name in ("gcs", "ev", "ev", "tm")]
+    python = [
+        ThreadInfo("poller", "python"),
+        ThreadInfo("poller", "python"),
+        ThreadInfo("x", "python"),
+    ]
+    summary = ThreadFacts(others=(*ray, *python)).summary()
+    assert summary == "7 threads: 4 native threads of ray (_raylet.so), 2 of 'poller', 'x'"
