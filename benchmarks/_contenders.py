@@ -33,6 +33,15 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 
 # -- helpers ------------------------------------------------------------------------------------
+def env_with_version(directory: str | None) -> dict[str, str]:
+    """This process's environment, with ``directory`` (where another version's ``hwlaunch``
+    package lies) first on ``PYTHONPATH``, for a child that runs that version."""
+    env = dict(os.environ)
+    if directory:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [directory, env.get("PYTHONPATH")]))
+    return env
+
+
 def pss_kib(pid: int) -> int:
     """Proportional set size of one process: shared pages count divided by their sharers."""
     with open(f"/proc/{pid}/smaps_rollup") as rollup:

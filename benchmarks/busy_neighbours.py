@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+from _contenders import env_with_version  # benchmarks/ on sys.path
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -46,9 +48,7 @@ def one_run(busy: int, calls: int) -> float:
 
 
 def _fresh_parent(pythonpath: str | None, busy: int, calls: int) -> float:
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+    env = env_with_version(pythonpath)
     done = subprocess.run(
         [sys.executable, __file__, "--child", "--busy", str(busy), "--calls", str(calls)],
         env=env,

@@ -16,19 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from _contenders import env_with_version  # benchmarks/ on sys.path
+
 CHILD = Path(__file__).with_name("_named_child.py")
 
 
 def _run(pythonpath: str | None, rounds: int, calls: int, pin: bool) -> list[float]:
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [pythonpath, env.get("PYTHONPATH")]))
+    env = env_with_version(pythonpath)
     command = [sys.executable, str(CHILD), str(rounds), str(calls), "pin" if pin else "free"]
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
