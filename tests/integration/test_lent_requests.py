@@ -4,8 +4,8 @@ held until it lets them go; with two workers, each gets copies of its own.
 
 What a worker relies on: an argument it keeps (itself, or a view of it) holds what was sent
 while any number of later messages come and go, the ring keeps carrying messages while it
-holds chunks (through the spill file where a held chunk's turn comes), and an argument it
-writes in place changes nothing for the caller. Where an argument's memory lies is read from
+holds chunks (in the chunks it does not hold, then through the spill file), and an argument
+it writes in place changes nothing for the caller. Where an argument's memory lies is read from
 the worker's own memory map: the channel's ring is the parent's file ``hwlaunch-<pid>-rpc``,
 its spill file ``hwlaunch-<pid>-rpc-spill``.
 """
@@ -70,6 +70,9 @@ class Holder:
         self.kept = [*getattr(self, "kept", []), tensor[1000:2000] if view else tensor]
         return _place(tensor)
 
+    def address(self, tensor: torch.Tensor) -> int:
+        return tensor.data_ptr()
+
     def kept_digests(self) -> list[str]:
         return [_digest(t) for t in self.kept]
 
@@ -102,19 +105,35 @@ def test_a_kept_argument_holds_its_chunk_until_dropped(executor: Any, view: bool
     kept = _tensor(10)
     expected = _digest(kept[1000:2000] if view else kept)
     assert executor.collective_rpc("keep", (kept, view)) == ["ring"]
-    # While it is held, that chunk's turns go through the spill file (a copy in the worker)
-    # and the kept tensor still holds what was sent; the others stay lent.
+    # While it is held, later messages go to the other chunks, lent too, and the kept tensor
+    # still holds what was sent.
     places = []
     for seed in range(20, 20 + 2 * CHUNKS):
         tensor = _tensor(seed)
         ((place, digest),) = executor.collective_rpc("where", (tensor,))
         assert digest == _digest(tensor)
         places.append(place)
-    assert places.count("own") == 2 and places.count("ring") == 2 * CHUNKS - 2, places
+    assert places == ["ring"] * 2 * CHUNKS, places
     assert executor.collective_rpc("kept_digests") == [[expected]]
     executor.collective_rpc("drop")
     places = [executor.collective_rpc("where", (_tensor(s),))[0][0] for s in range(2 * CHUNKS)]
     assert places == ["ring"] * 2 * CHUNKS, "a chunk comes back once nothing views it"
+
+
+def test_calls_one_after_another_reuse_the_same_memory(executor: Any) -> None:
+    """Each call's argument lies where the last one's did (the first chunk nobody holds),
+    warm in the caches, instead of going round the ring; one that is kept moves the next
+    ones to another chunk, and they stay there."""
+    executor.collective_rpc("drop")  # nothing kept from earlier tests (given back lazily:
+    executor.collective_rpc("address", (_tensor(69),))  # a chunk before the next message)
+    addresses = [executor.collective_rpc("address", (_tensor(70 + i),))[0] for i in range(6)]
+    assert len(set(addresses)) == 1, addresses
+    assert executor.collective_rpc("keep", (_tensor(80),)) == ["ring"]
+    later = [executor.collective_rpc("address", (_tensor(90 + i),))[0] for i in range(6)]
+    assert len(set(later)) == 1 and later[0] != addresses[0], (addresses, later)
+    executor.collective_rpc("drop")
+    executor.collective_rpc("address", (_tensor(98),))  # the worker gives the chunk back
+    assert executor.collective_rpc("address", (_tensor(99),)) == [addresses[0]]
 
 
 def test_with_every_chunk_held_messages_still_flow(executor: Any) -> None:

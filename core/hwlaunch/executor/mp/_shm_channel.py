@@ -15,17 +15,22 @@ last process that maps it ends), every part starting on a cache line of its own:
   byte per chunk (see *lent requests*);
 - one line per reader that the parent writes: whether it holds each of the reader's two reply
   areas (see *lent replies*);
-- a ring of ``chunks`` chunks: a header line (the *sequence* byte, the message length) and
-  ``chunk_bytes`` of data;
+- a ring of ``chunks`` chunks: a header line (the *sequence* byte, the message length and
+  which chunk's data area holds it) and ``chunk_bytes`` of data;
 - one reply slot per reader: a header line (the sequence byte of the message it answers, the
   length, and which of the reader's two areas holds the reply) and ``slot_bytes`` of data (the
   first area);
 - the second reply area of each reader, ``slot_bytes`` each.
 
-Message ``n`` (counted from 1) goes into chunk ``n % chunks`` with sequence byte ``n & 0xFF``,
-written after the data; a reader waits for that byte, and its reply carries the same byte. The
-writer reuses a chunk once every reader's consumed byte shows that it took the message before.
-Nothing is ever cleared, so a message costs one flag store on each side.
+Message ``n`` (counted from 1) is announced in the header of chunk ``n % chunks``: its sequence
+byte ``n & 0xFF``, written after the data, and its length; a reader waits for that byte, and its
+reply carries the same byte. The writer reuses a chunk's header once every reader's consumed
+byte shows that it took the message before. The message itself goes into the data area of the
+first chunk that every reader is done with (it took the last message written there) and that
+no reader holds, named in the length's top bits: calls made one after another all use the
+first chunk's memory rather than going round the ring, and a chunk a reader holds (see *lent
+requests*) costs nothing while another is free. Nothing is ever cleared, so a message costs
+one flag store on each side.
 
 A message larger than a chunk (or a reply larger than a slot) goes into a *spill* file instead:
 one more anonymous memory file per direction (the parent's requests; each rank's replies),
@@ -53,9 +58,9 @@ argument fewer). After the call, with the call's arguments and result dropped, t
 looks at the references to the views it lent (as the parent does for lent replies): while
 something still holds one (the worker kept the tensor, or a view of it), the reader sets its
 held byte for that chunk before it marks the message consumed, and clears it before a later
-message once nothing does. A held chunk's data is never written: a message whose turn comes
-to it goes to the spill file, whose messages, like any message when there are several
-readers, are decoded into copies. (Several readers read the same chunk, so a tensor that one
+message once nothing does. A held chunk's data area is never written: messages go to the
+other chunks, and to the spill file once every chunk is held; its messages, like any message
+when there are several readers, are decoded into copies. (Several readers read the same chunk, so a tensor that one
 of them wrote in place would change the others' arguments: they get copies.)
 
 *Output*: an RPC returns once what the workers wrote before their replies is on the console
@@ -119,6 +124,8 @@ HELD = 8  # in a reader's line, from here: one byte per chunk, set while the rea
 SPILLED = 1 << 63  # length flag: the message lies in the spill file, from its start
 SECOND = 1 << 62  # reply length flag: the reply lies in the reader's second area
 _FLAGS = SPILLED | SECOND
+AREA_SHIFT = 48  # request length: from this bit, the chunk whose data area holds the message
+_SIZE = (1 << AREA_SHIFT) - 1
 
 # x86 keeps stores in order and loads in order: data written before a flag is seen before it.
 _TOTAL_STORE_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
@@ -279,6 +286,7 @@ class ShmChannel:
         # Where the only reader's held bytes start (see *lent requests*), else 0: none.
         self._held_at = g.line(1) + HELD if g.lends_requests else 0
         self._sent = 0  # messages sent so far; the last one's sequence byte is its low byte
+        self._last_in = [0] * chunks  # per chunk: the last message written into its data area
         self._poller: tuple[tuple[int, ...], Any] | None = None
         self._lent = Loans()  # the reply areas lent to results, by their lend bytes
         self._closed = False
@@ -317,17 +325,13 @@ class ShmChannel:
             self._lent.take_back(mm)
         n = self._sent + 1
         self._wait_free(n, alive, deadline)
-        index = n % g.chunks
-        at = g.chunk_at[index]
+        at = g.chunk_at[n % g.chunks]
         size = len(head) + _size(data)
-        held = self._held_at
-        if held:
-            if not _TOTAL_STORE_ORDER:
-                fence()  # a held byte is read after the consumed byte stored after it
-            held = mm[held + index]
-        if size <= g.chunk_bytes and not held:
-            _put(mm, at + LINE, head, data)
-            _LEN.pack_into(mm, at + LENGTH_AT, size)
+        area = self._free_area(n) if size <= g.chunk_bytes else -1
+        if area >= 0:
+            _put(mm, g.chunk_at[area] + LINE, head, data)
+            _LEN.pack_into(mm, at + LENGTH_AT, size | area << AREA_SHIFT)
+            self._last_in[area] = n
         else:
             self._wait_taken(n - 1, alive, deadline)  # nobody still reads the spill file
             _put(self._spill.memory(size, grow=True), 0, head, data)
@@ -340,6 +344,29 @@ class ShmChannel:
         for line, wake_w in self._sleeping:
             if mm[line]:
                 wake(wake_w)
+
+    def _free_area(self, n: int) -> int:
+        """The chunk whose data area takes message ``n``: the first one that every reader is
+        done with (it took the last message written there) and that no reader holds (see
+        *lent requests*); -1 where there is none (the spill file). Calls one after another
+        find the first chunk free, so their payloads go to the same memory, warm in the
+        caches, rather than round the ring."""
+        mm, held, consumed = self.mm, self._held_at, self._consumed
+        oldest = n - self.geometry.chunks  # every reader took this one (_wait_free)
+        if held and not _TOTAL_STORE_ORDER:
+            fence()  # a held byte is read after the consumed byte stored after it
+        for area, last in enumerate(self._last_in):
+            if last > oldest:
+                for at in consumed:  # a reader is at most a ring behind: the distance tells
+                    if (mm[at] - last) & 0xFF >= 128:
+                        break
+                else:
+                    last = 0
+                if last:
+                    continue
+            if not (held and mm[held + area]):
+                return area
+        return -1
 
     def _wait_free(self, n: int, alive: Callable[[], None], deadline: float | None) -> None:
         """Return once every reader took the message before ``n`` in its chunk."""
@@ -577,13 +604,15 @@ class ShmEndpoint:
         if length & SPILLED:
             length &= ~SPILLED
             memory, start = self._spill.memory(length, grow=False), 0
-        elif length <= COPY_MAX_BYTES:  # the usual small call: one allocation, no views
-            start = at + LINE
-            return mm[start : start + length]
         else:
-            memory, start = mm, at + LINE
+            area = length >> AREA_SHIFT
+            length &= _SIZE
+            start = self._chunk_at[area] + LINE
+            if length <= COPY_MAX_BYTES:  # the usual small call: one allocation, no views
+                return mm[start : start + length]
+            memory = mm
             if self._lends:
-                self.lending, self._lending_at = [], self._line + HELD + index
+                self.lending, self._lending_at = [], self._line + HELD + area
         with memoryview(memory) as whole:
             return whole[start : start + length]
 
