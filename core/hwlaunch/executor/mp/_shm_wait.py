@@ -8,8 +8,9 @@ round trip: an atomic read-modify-write), so a wake-up is never lost; a bounded 
 second guard.
 
 Polling pays only where it takes no CPU from anyone: the spinner measures contention (how
-long a yield gave the CPU away, twice, so that a hiccup of the host is not taken for it) and
-blocks while there is any (see :class:`Spinner`).
+long a yield gave the CPU away, twice, with this thread waiting on its run queue meanwhile, so
+that a hiccup of the host is not taken for it) and blocks while there is any (see
+:class:`Spinner`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-__all__ = ["BLOCK_STEP", "Spinner", "drain", "fence", "sleep_until", "wake", "wake_pipe"]
+__all__ = [
+    "BLOCK_STEP",
+    "Spinner",
+    "drain",
+    "fence",
+    "run_queue_wait",
+    "sleep_until",
+    "wake",
+    "wake_pipe",
+]
 
 BLOCK_STEP = 0.1  # the longest a blocked party sleeps before it looks again (a second guard)
 # A yield that gives the CPU away for longer than this means that another task needed it for a
@@ -33,8 +43,12 @@ QUIET_AFTER_CONTENTION = 0.25
 # One late yield alone is not taken for contention: on a virtual machine the host takes a CPU
 # away now and then (steal time), from whoever runs on it, and blocking would then cost every
 # call of the next QUIET_AFTER_CONTENTION seconds a wake-up for nothing. A task that needs the
-# CPU takes a slice at every yield, so a second late yield this soon after confirms it.
+# CPU takes a slice at every yield, so a second late yield this soon after confirms it, if this
+# thread waited on its run queue meanwhile (a task of this machine ran in its place): where
+# the host took the CPU, nothing of this machine ran, and a VM can see ten such hiccups a
+# second, two of them within CONFIRM_WITHIN most of the time.
 CONFIRM_WITHIN = 0.1
+_SCHEDSTAT = "/proc/thread-self/schedstat"  # Linux: run time, run-queue wait (ns), slices
 # Looks at the flags before the first yield: a short call's answer is often a few microseconds
 # away, and a yield (a system call) would see it up to a microsecond late.
 EAGER_LOOKS = 100
@@ -107,7 +121,9 @@ class Spinner:
 
     Polling yields the CPU on every round (``sched_yield``), so that a party that shares a CPU
     with the one it waits for lets it run. When yields come back late twice within
-    ``CONFIRM_WITHIN`` seconds, another task needs the CPU; polling then costs that task a
+    ``CONFIRM_WITHIN`` seconds, and this thread waited on its run queue in between for more
+    than ``CONTENDED_YIELD`` (:func:`run_queue_wait`: the host's hiccups, which stop the whole
+    virtual CPU, leave it unchanged), another task needs the CPU; polling then costs that task a
     time slice per round, so this party stops polling (the wait blocks) for
     ``QUIET_AFTER_CONTENTION`` seconds. The count of runnable tasks is
     no guide: on a machine that other programs keep loaded (a load average of 5 on 2 CPUs)
@@ -118,6 +134,34 @@ class Spinner:
         self.window = window
         self.quiet_until = 0.0  # no polling before this time (monotonic)
         self.late_at = -CONFIRM_WITHIN  # when a yield last came back late (monotonic)
+        self.waited: int | None = None  # run_queue_wait() then
+        self.late_waited = False  # whether this thread waited on its run queue in that yield
+
+    def _resume(self, now: float) -> None:
+        """The first poll after a quiet time: the contention that began it is likely still
+        there, so the first late yield that keeps this thread waiting on its run queue (from
+        here on) confirms it, as the yield before it did."""
+        self.quiet_until = 0.0
+        waited = run_queue_wait()
+        if waited is not None:
+            self.late_at, self.waited, self.late_waited = now, waited, True
+
+    def _contended(self, now: float) -> bool:
+        """After a late yield: whether it and the one before, within CONFIRM_WITHIN, both
+        kept this thread waiting on its run queue (a task of this machine took the CPU, not
+        the host; what each yield waited is known from the reading at the late yield before
+        it, so a first late yield is never known to). Where the wait cannot be read: whether
+        the one before came within CONFIRM_WITHIN."""
+        waited = run_queue_wait()
+        recent = now - self.late_at < CONFIRM_WITHIN
+        if waited is None or self.waited is None:
+            contended = recent
+            late_waited = recent
+        else:
+            late_waited = recent and waited - self.waited > CONTENDED_YIELD * 1e9
+            contended = late_waited and self.late_waited
+        self.late_at, self.waited, self.late_waited = now, waited, late_waited
+        return contended
 
     def poll(self, mm: mmap.mmap, flags: Sequence[int], seq: int, deadline: float | None) -> bool:
         """Poll until every byte at ``flags`` is ``seq``, for the window (or until
@@ -125,6 +169,8 @@ class Spinner:
         now = _now()
         if self.window <= 0 or now < self.quiet_until:
             return False
+        if self.quiet_until:
+            self._resume(now)
         for _ in range(EAGER_LOOKS):
             for at in flags:
                 if mm[at] != seq:
@@ -144,12 +190,25 @@ class Spinner:
                     break
             # A late yield counts even where the answer came meanwhile: next to a busy task
             # every yield is late, and the answer has mostly come by the time it returns.
-            if now - last > CONTENDED_YIELD:
-                if now - self.late_at < CONFIRM_WITHIN:
-                    self.quiet_until = now + QUIET_AFTER_CONTENTION
-                    return ready
-                self.late_at = now
+            if now - last > CONTENDED_YIELD and self._contended(now):
+                self.quiet_until = now + QUIET_AFTER_CONTENTION
+                return ready
             if ready:
                 return True
             if now >= end:
                 return False
+
+
+def run_queue_wait() -> int | None:
+    """How long this thread has waited, runnable, for a CPU (nanoseconds, Linux's schedstat);
+    None where that cannot be read. Time the host took the CPU away is not in it."""
+    try:
+        fd = os.open(_SCHEDSTAT, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 128).split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    finally:
+        os.close(fd)
