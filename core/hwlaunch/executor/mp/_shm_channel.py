@@ -29,8 +29,9 @@ byte shows that it took the message before. The message itself goes into the dat
 first chunk that every reader is done with (it took the last message written there) and that
 no reader holds, named in the length's top bits: calls made one after another all use the
 first chunk's memory rather than going round the ring, and a chunk a reader holds (see *lent
-requests*) costs nothing while another is free. Nothing is ever cleared, so a message costs
-one flag store on each side.
+requests*) costs nothing while another is free. A small message (up to ``COPY_MAX_BYTES``)
+stays beside its header where that chunk is free: the line after the header's. Nothing is
+ever cleared, so a message costs one flag store on each side.
 
 A message larger than a chunk (or a reply larger than a slot) goes into a *spill* file instead:
 one more anonymous memory file per direction (the parent's requests; each rank's replies),
@@ -325,9 +326,22 @@ class ShmChannel:
             self._lent.take_back(mm)
         n = self._sent + 1
         self._wait_free(n, alive, deadline)
-        at = g.chunk_at[n % g.chunks]
+        index = n % g.chunks
+        at = g.chunk_at[index]
         size = len(head) + _size(data)
-        area = self._free_area(n) if size <= g.chunk_bytes else -1
+        held = self._held_at
+        if held and not _TOTAL_STORE_ORDER:
+            fence()  # a held byte is read after the consumed byte stored after it
+        if size > g.chunk_bytes:
+            area = -1
+        elif (  # a small message: beside its header, where nothing else is left to read
+            size <= COPY_MAX_BYTES
+            and self._last_in[index] <= n - g.chunks
+            and not (held and mm[held + index])
+        ):
+            area = index
+        else:
+            area = self._free_area(n)
         if area >= 0:
             _put(mm, g.chunk_at[area] + LINE, head, data)
             _LEN.pack_into(mm, at + LENGTH_AT, size | area << AREA_SHIFT)
@@ -353,8 +367,6 @@ class ShmChannel:
         caches, rather than round the ring."""
         mm, held, consumed = self.mm, self._held_at, self._consumed
         oldest = n - self.geometry.chunks  # every reader took this one (_wait_free)
-        if held and not _TOTAL_STORE_ORDER:
-            fence()  # a held byte is read after the consumed byte stored after it
         for area, last in enumerate(self._last_in):
             if last > oldest:
                 for at in consumed:  # a reader is at most a ring behind: the distance tells
