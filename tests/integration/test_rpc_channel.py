@@ -167,13 +167,13 @@ def test_sequence_bytes_wrap_many_times(spin: float, readers: Callable[..., Read
 
 
 def late_reader(endpoint: ShmEndpoint, go: Any, count: int) -> None:
-    """Takes nothing until ``go`` says so, then ``count`` messages in a row; answers the
-    last with the digests of them all."""
-    go.recv_bytes()
-    digests = []
-    for number in range(count):
-        digests.append(hashlib.sha256(endpoint.recv_bytes()).digest())
-        endpoint.send_bytes(b"".join(digests) if number == count - 1 else b"")
+    """For each ``go``: takes ``count`` messages in a row, and answers the last with the
+    digests of them all."""
+    while go.recv_bytes():
+        digests = []
+        for number in range(count):
+            digests.append(hashlib.sha256(endpoint.recv_bytes()).digest())
+            endpoint.send_bytes(b"".join(digests) if number == count - 1 else b"")
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -196,13 +196,18 @@ def test_messages_sent_while_a_reader_is_behind_each_get_memory_of_their_own(
             raise ChannelLost(0)
 
     try:
-        sent = [os.urandom(20 * 1024) for _ in range(3)]
-        for data in sent:  # (a view each: larger than a small message's copy)
-            channel.send(data, alive, time.monotonic() + 30)
-        go_w.send_bytes(b"go")
-        replies, ended = channel.receive([0], 60, [reader.sentinel], _copy)
-        assert not ended
-        assert replies == [(0, b"".join(hashlib.sha256(d).digest() for d in sent))]
+        # large ones (a view each, where a small one is copied out at once), then small ones
+        # among them, whose place beside their header a large one may still be using
+        for sizes in ((20_000, 20_000, 20_000), (20_000, 100, 100), (100, 20_000, 100)):
+            sent = [os.urandom(size) for size in sizes]
+            for data in sent:
+                channel.send(data, alive, time.monotonic() + 30)
+            go_w.send_bytes(b"go")
+            replies, ended = channel.receive([0], 60, [reader.sentinel], _copy)
+            assert not ended
+            expected = b"".join(hashlib.sha256(d).digest() for d in sent)
+            assert replies == [(0, expected)], f"sizes {sizes}"
+        go_w.send_bytes(b"")
     finally:
         reader.kill()
         reader.join(10)
