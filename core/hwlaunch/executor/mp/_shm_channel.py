@@ -61,8 +61,9 @@ something still holds one (the worker kept the tensor, or a view of it), the rea
 held byte for that chunk before it marks the message consumed, and clears it before a later
 message once nothing does. A held chunk's data area is never written: messages go to the
 other chunks, and to the spill file once every chunk is held; its messages, like any message
-when there are several readers, are decoded into copies. (Several readers read the same chunk, so a tensor that one
-of them wrote in place would change the others' arguments: they get copies.)
+when there are several readers, are decoded into copies. (Several readers read the same
+chunk, so a tensor that one of them wrote in place would change the others' arguments: they
+get copies.)
 
 *Output*: an RPC returns once what the workers wrote before their replies is on the console
 (``OutputPipes.sync``), which costs the parent a look at every output pipe after each call.
@@ -363,8 +364,8 @@ class ShmChannel:
         """The chunk whose data area takes message ``n``: the first one that every reader is
         done with (it took the last message written there) and that no reader holds (see
         *lent requests*); -1 where there is none (the spill file). Calls one after another
-        find the first chunk free, so their payloads go to the same memory, warm in the
-        caches, rather than round the ring."""
+        find the first chunk free, so their payloads go to the same memory rather than round
+        the ring."""
         mm, held, consumed = self.mm, self._held_at, self._consumed
         oldest = n - self.geometry.chunks  # every reader took this one (_wait_free)
         for area, last in enumerate(self._last_in):

@@ -120,14 +120,14 @@ class Spinner:
     """One party's polling policy: poll while the CPU is free for it, block otherwise.
 
     Polling yields the CPU on every round (``sched_yield``), so that a party that shares a CPU
-    with the one it waits for lets it run. When yields come back late twice within
-    ``CONFIRM_WITHIN`` seconds, and this thread waited on its run queue in between for more
-    than ``CONTENDED_YIELD`` (:func:`run_queue_wait`: the host's hiccups, which stop the whole
-    virtual CPU, leave it unchanged), another task needs the CPU; polling then costs that task a
-    time slice per round, so this party stops polling (the wait blocks) for
-    ``QUIET_AFTER_CONTENTION`` seconds. The count of runnable tasks is
-    no guide: on a machine that other programs keep loaded (a load average of 5 on 2 CPUs)
-    polling still answered a no-op in 16 µs where blocking took 60 µs.
+    with the one it waits for lets it run. When two late yields in a row, each within
+    ``CONFIRM_WITHIN`` seconds of the one before, kept this thread waiting on its run queue for
+    more than ``CONTENDED_YIELD`` (:func:`run_queue_wait`; the host's hiccups, which stop the
+    whole virtual CPU, leave it unchanged), another task needs the CPU; polling then costs that
+    task a time slice per round, so this party stops polling (the wait blocks) for
+    ``QUIET_AFTER_CONTENTION`` seconds. The count of runnable tasks is no guide: on a machine
+    that other programs keep loaded (a load average of 5 on 2 CPUs) polling still answered a
+    no-op in 16 µs where blocking took 60 µs.
     """
 
     def __init__(self, window: float) -> None:
@@ -147,11 +147,12 @@ class Spinner:
             self.late_at, self.waited, self.late_waited = now, waited, True
 
     def _contended(self, now: float) -> bool:
-        """After a late yield: whether it and the one before, within CONFIRM_WITHIN, both
-        kept this thread waiting on its run queue (a task of this machine took the CPU, not
-        the host; what each yield waited is known from the reading at the late yield before
-        it, so a first late yield is never known to). Where the wait cannot be read: whether
-        the one before came within CONFIRM_WITHIN."""
+        """After a late yield: whether it and the late yield before it both kept this thread
+        waiting on its run queue for more than CONTENDED_YIELD (a task of this machine took
+        the CPU, not the host). What a late yield waited is known from the reading at the one
+        before it (or at the start of a poll after a quiet time), where that came within
+        CONFIRM_WITHIN; else it is not known to have waited. Where the wait cannot be read:
+        whether the late yield before came within CONFIRM_WITHIN."""
         waited = run_queue_wait()
         recent = now - self.late_at < CONFIRM_WITHIN
         if waited is None or self.waited is None:
