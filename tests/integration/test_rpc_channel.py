@@ -357,16 +357,12 @@ def _poll_through_hiccups(
     return spinner, start, stopped - start, spinner.quiet_until - stopped
 
 
-@pytest.mark.skipif(run_queue_wait() is None, reason="no schedstat: every late yield counts")
-def test_the_host_taking_the_cpu_away_does_not_stop_polling() -> None:
-    """A CPU taken away by the host (steal time on a virtual machine, here: this process
-    stopped for 5 ms, three times 20 ms apart) is no neighbour that needs it: nothing of this
-    machine waited for the CPU meanwhile, so the spinner polls on to the end of its window and
-    stays ready to poll. Up to three tries, as a busy machine can bring a task of its own: a
-    spinner that counts every late yield fails every try."""
+def _polls_through_the_window(count: int, pause: float, how: str) -> None:
+    """The spinner polls a 1 s window to its end through these hiccups and stays ready to
+    poll, in one of three tries (a busy machine can bring a task of its own)."""
     tries = []
     for _ in range(3):
-        spinner, start, polled, quiet = _poll_through_hiccups(3, 0.02, "stop")
+        spinner, start, polled, quiet = _poll_through_hiccups(count, pause, how)
         assert spinner.late_at > start, "the hiccups came after the window: nothing was tested"
         tries.append(f"{polled:.3f}s")
         if polled >= 0.95 and quiet < 0:
@@ -374,16 +370,19 @@ def test_the_host_taking_the_cpu_away_does_not_stop_polling() -> None:
     pytest.fail(f"stopped polling a 1 s window after {', '.join(tries)}")
 
 
+@pytest.mark.skipif(run_queue_wait() is None, reason="no schedstat: every late yield counts")
+def test_the_host_taking_the_cpu_away_does_not_stop_polling() -> None:
+    """A CPU taken away by the host (steal time on a virtual machine, here: this process
+    stopped for 5 ms, three times 20 ms apart) is no neighbour that needs it: nothing of this
+    machine waited for the CPU meanwhile, so the spinner polls on to the end of its window and
+    stays ready to poll. Up to three tries, as a busy machine can bring a task of its own: a
+    spinner that counts every late yield fails every try."""
+    _polls_through_the_window(3, 0.02, "stop")
+
+
 def test_one_late_yield_alone_does_not_stop_polling() -> None:
     """A task that takes the CPU once is not yet one that needs it at every yield."""
-    tries = []
-    for _ in range(3):
-        spinner, start, polled, quiet = _poll_through_hiccups(1, 0.0, "busy")
-        assert spinner.late_at > start, "the task ran after the window: nothing was tested"
-        tries.append(f"{polled:.3f}s")
-        if polled >= 0.95 and quiet < 0:
-            return
-    pytest.fail(f"stopped polling a 1 s window after {', '.join(tries)}")
+    _polls_through_the_window(1, 0.0, "busy")
 
 
 def test_a_task_taking_the_cpu_again_and_again_stops_polling() -> None:
