@@ -40,12 +40,17 @@ def _uses_ray(item: pytest.Item) -> bool:
     return item.get_closest_marker("ray") is not None or "ray" in re.split(r"[^a-z0-9]+", named)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m reads the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that start Ray in this process run last, each group in its own order. Ray
     leaves native threads here even after ``ray.shutdown()`` (gRPC's, its core worker's), and a
     process forked from a parent with those threads may crash or hang in them (a forked mp
     worker died by SIGSEGV before reporting its start-up error, once in CI): the tests that
-    fork workers must fork from a pytest without them, as the docs tell users to."""
+    fork workers must fork from a pytest without them, as the docs tell users to. Each of
+    them carries the ``ray`` marker, so that ``-m ray`` and ``-m "not ray"`` select them."""
+    for item in items:
+        if _uses_ray(item) and item.get_closest_marker("ray") is None:
+            item.add_marker(pytest.mark.ray)
     items.sort(key=_uses_ray)  # stable
 
 
