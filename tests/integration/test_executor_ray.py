@@ -766,6 +766,14 @@ def test_a_dead_drivers_actors_run_their_shutdown_then_go(
 RAY_AGENTS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
 
+def command_line(proc: psutil.Process) -> str:
+    """``proc``'s command line ("" once it is gone)."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def test_a_killed_driver_of_its_own_local_ray_still_gets_each_shutdown_then_all_goes(
     tmp_path: Path,
 ) -> None:
@@ -777,8 +785,8 @@ def test_a_killed_driver_of_its_own_local_ray_still_gets_each_shutdown_then_all_
     try:
         tree = psutil.Process(proc.pid).children(recursive=True)
         assert {p.pid for p in tree} >= set(pids)  # the instance is the driver's own
-        agents = [p for p in tree if " ".join(p.cmdline()).startswith(RAY_AGENTS)]
-        assert len(agents) == len(RAY_AGENTS), [p.cmdline() for p in tree]
+        agents = [p for p in tree if command_line(p).startswith(RAY_AGENTS)]
+        assert len(agents) == len(RAY_AGENTS), [command_line(p) for p in tree]
         proc.kill()
         assert proc.wait(30) == -signal.SIGKILL
         wait_until(lambda: len(list(markers.iterdir())) >= 2, 30, "both ranks' shutdown()")

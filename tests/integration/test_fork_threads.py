@@ -183,8 +183,14 @@ print(json.dumps(seen))
 """
 
 
+# On a busy machine MKL (MKL_DYNAMIC, on by default) runs a small matmul on one thread and
+# starts no OpenMP pool (checked: none beside three busy processes on 2 CPUs, a pool without
+# them): the programs here that start the pool on purpose turn that off.
+POOL_STARTS = {"MKL_DYNAMIC": "FALSE"}
+
+
 def test_the_probe_sees_torchs_openmp_pool_once_a_parallel_op_ran() -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",)}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",)} | POOL_STARTS
     proc = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=env
     )
@@ -229,7 +235,7 @@ if __name__ == "__main__":
 def run_program(tmp_path: Path, source: str, *args: str) -> dict[str, Any]:
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(source))
-    return run_json_script(script, *args, drop_env=("HWLAUNCH_", "OMP_"))
+    return run_json_script(script, *args, drop_env=("HWLAUNCH_", "OMP_"), extra_env=POOL_STARTS)
 
 
 def need_two_cpus() -> None:

@@ -270,6 +270,7 @@ def test_a_reader_reports_its_output_pipe_drained_only_when_it_was_empty(spin: f
             os.close(fd)
 
 
+@pytest.mark.serial  # it measures how the CPUs are shared
 def test_polling_gives_way_to_a_busy_neighbour() -> None:
     """A yield that comes back late means another task needed the CPU: the spinner stops
     polling long before its window ends (the caller blocks instead), and does not poll again
@@ -371,6 +372,7 @@ def _polls_through_the_window(count: int, pause: float, how: str) -> None:
 
 
 @pytest.mark.skipif(run_queue_wait() is None, reason="no schedstat: every late yield counts")
+@pytest.mark.serial  # it measures how the CPUs are shared
 def test_the_host_taking_the_cpu_away_does_not_stop_polling() -> None:
     """A CPU taken away by the host (steal time on a virtual machine, here: this process
     stopped for 5 ms, three times 20 ms apart) is no neighbour that needs it: nothing of this
@@ -380,11 +382,13 @@ def test_the_host_taking_the_cpu_away_does_not_stop_polling() -> None:
     _polls_through_the_window(3, 0.02, "stop")
 
 
+@pytest.mark.serial  # it measures how the CPUs are shared
 def test_one_late_yield_alone_does_not_stop_polling() -> None:
     """A task that takes the CPU once is not yet one that needs it at every yield."""
     _polls_through_the_window(1, 0.0, "busy")
 
 
+@pytest.mark.serial  # it measures how the CPUs are shared
 def test_a_task_taking_the_cpu_again_and_again_stops_polling() -> None:
     """Late yields within ``CONFIRM_WITHIN`` of each other, this thread waiting on its run
     queue in the last two (what the first waited is not known: the host may have taken the
