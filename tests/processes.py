@@ -63,13 +63,10 @@ def run_json_script(
     *args: str,
     drop_env: tuple[str, ...] = ("HWLAUNCH_",),
     timeout: float = 180,
-    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run ``script`` in a fresh interpreter, in its own directory, without the variables
-    that start with ``drop_env`` and with ``extra_env``; return the JSON object it printed
-    last on stdout."""
+    """Run ``script`` in a fresh interpreter, in its own directory and without the variables
+    that start with ``drop_env``; return the JSON object it printed last on stdout."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop_env)}
-    env.update(extra_env or {})
     proc = subprocess.run(
         [sys.executable, str(script), *args],
         cwd=script.parent,
