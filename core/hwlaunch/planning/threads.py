@@ -50,7 +50,10 @@ OPENMP_LIBRARIES = ("libgomp",)  # GNU OpenMP keeps no fork handler: its pool br
 _SYSTEM = re.compile(r"^(libc\.so|libpthread|ld-linux|ld-musl|libc\.musl|\[vdso\]|libstdc\+\+)")
 _PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z_][\w]*?)(?:\.libs)?[/\\]")
 _STACK_BYTES = 16384  # how far above a thread's stack pointer to look for its caller
-_RUNNING_RETRIES = 5  # a thread on a CPU shows no stack pointer: look again a moment later
+# A thread on a CPU (or waiting for one) shows no stack pointer: look again, backing off from
+# 1 ms, until every thread is placed or this much time has passed for the whole probe. An idle
+# OpenMP worker spins a little before it sleeps, and a busy machine keeps it waiting to run.
+_RUNNING_WAIT_S = 0.05
 
 CodeMap = tuple[list[int], list[tuple[int, int, str]]]
 
@@ -100,19 +103,19 @@ def _places(tids: list[int]) -> dict[int, str | None]:
     code = _code_mappings()
     if code is None:
         return {}
+    registers = _registers(tids)
     try:
         memory = os.open("/proc/self/mem", os.O_RDONLY)
     except OSError:
         memory = -1
     try:
-        return {tid: _place(tid, code, memory) for tid in tids}
+        return {tid: _place(registers.get(tid), code, memory) for tid in tids}
     finally:
         if memory >= 0:
             os.close(memory)
 
 
-def _place(tid: int, code: CodeMap, memory: int) -> str | None:
-    registers = _registers(tid)
+def _place(registers: tuple[int, int] | None, code: CodeMap, memory: int) -> str | None:
     if registers is None:
         return None
     sp, pc = registers
@@ -122,19 +125,30 @@ def _place(tid: int, code: CodeMap, memory: int) -> str | None:
     return _caller_library(sp, code, memory) if memory >= 0 else library
 
 
-def _registers(tid: int) -> tuple[int, int] | None:
-    """(stack pointer, program counter) of a thread blocked in the kernel; None if unknown."""
-    for attempt in range(_RUNNING_RETRIES):
-        try:
-            with open(f"/proc/self/task/{tid}/syscall") as f:
-                fields = f.read().split()
-        except OSError:
-            return None
-        if len(fields) >= 3 and fields[0] != "running":
-            return int(fields[-2], 16), int(fields[-1], 16)
-        if attempt + 1 < _RUNNING_RETRIES:
-            time.sleep(0.002)  # an OpenMP worker spins a little before it sleeps
-    return None
+def _registers(tids: list[int]) -> dict[int, tuple[int, int]]:
+    """(stack pointer, program counter) of each thread blocked in the kernel; running ones and
+    gone ones are left out."""
+    found: dict[int, tuple[int, int]] = {}
+    pending = list(tids)
+    deadline = time.monotonic() + _RUNNING_WAIT_S
+    pause = 0.001
+    while True:
+        running = []
+        for tid in pending:
+            try:
+                with open(f"/proc/self/task/{tid}/syscall") as f:
+                    fields = f.read().split()
+            except OSError:  # the thread has ended
+                continue
+            if len(fields) >= 3 and fields[0] != "running":
+                found[tid] = int(fields[-2], 16), int(fields[-1], 16)
+            else:
+                running.append(tid)
+        left = deadline - time.monotonic()
+        if not running or left <= 0:
+            return found
+        time.sleep(min(pause, left))
+        pending, pause = running, pause * 2
 
 
 def _caller_library(sp: int, code: CodeMap, memory: int) -> str | None:
