@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from plugin_sites import hwlaunch_cli
+from plugin_sites import hwlaunch_cli, site_environ
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -29,9 +29,42 @@ def run_json(*args: str, cwd: Path) -> dict[str, Any]:
     return result
 
 
+# `hwlaunch run` in a driver that says, as it exits, which of the model's libraries it imported.
+DRIVER = (
+    "import atexit, sys\n"
+    "atexit.register(lambda: print('DRIVER IMPORTED', sorted("
+    "m for m in ('transformers', 'accelerate') if m in sys.modules), file=sys.stderr))\n"
+    "from hwlaunch.cli import main\n"
+    "sys.exit(main())\n"
+)
+
+
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_run_each_start_method(method: str, tmp_path: Path) -> None:
-    result = run_json("--start-method", method, cwd=tmp_path)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            DRIVER,
+            "run",
+            "--json",
+            "--max-new-tokens",
+            "4",
+            "--start-method",
+            method,
+        ],
+        env=site_environ(None),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    # The ranks load the model and run the single-process check (rank 0, alone): the driver
+    # never pays for importing transformers.
+    assert "DRIVER IMPORTED []" in proc.stderr.splitlines(), proc.stderr
+    result = json.loads(proc.stdout)
     plan = result["plan"]
     assert (plan["backend"], plan["executor"], plan["start_method"]) == ("cpu", "mp", method)
     assert plan["world_size"] == 2

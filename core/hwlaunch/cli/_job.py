@@ -9,11 +9,13 @@ run in a single process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,14 +91,33 @@ class GenerationWorker:
     def generate_reference(
         self, prompts: list[str], max_new_tokens: int
     ) -> tuple[list[dict[str, Any]], float]:
-        """All prompts through a whole copy of the model on this rank's device, alone: the
-        single-process run where the driver has no device of its own."""
+        """All prompts through a whole copy of the model on this rank's device, alone (the other
+        ranks wait for the call): the single-process run. On the CPU it runs with the threads a
+        fresh process gets (torch's default: every CPU it may use), not this worker's budget."""
         from hwlaunch.cli import _demo_model as demo_model
 
         whole = (
             self._model if self._parallelism == "data" else demo_model.load(self._path, self.device)
         )
-        return demo_model.timed_generate(whole, prompts, max_new_tokens)
+        with _default_cpu_threads(self.device):
+            return demo_model.timed_generate(whole, prompts, max_new_tokens)
+
+
+@contextlib.contextmanager
+def _default_cpu_threads(device: Any) -> Iterator[None]:
+    import torch
+
+    if torch.device(device).type != "cpu":
+        yield
+        return
+    budget = torch.get_num_threads()
+    torch.set_num_threads(
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    )
+    try:
+        yield
+    finally:
+        torch.set_num_threads(budget)
 
 
 def split(prompts: list[str], world_size: int) -> list[list[str]]:
@@ -136,17 +157,10 @@ def _all_gathered(worker: Any, fn: Callable[..., Any], args: tuple[Any, ...]) ->
 Reference = tuple[list[dict[str, Any]], float]  # the outputs and the seconds they took
 
 
-def reference_here(model: str | None, prompts: list[str], max_new_tokens: int) -> Reference:
-    """All prompts through one whole model in this process, on the CPU. It runs after the
-    workers are gone, so that its tokens/s is not measured against their CPU use."""
-    from hwlaunch.cli import _demo_model as demo_model
-
-    return demo_model.timed_generate(demo_model.load(model), prompts, max_new_tokens)
-
-
 def reference_on_rank0(executor: Any, prompts: list[str], max_new_tokens: int) -> Reference:
-    """All prompts through a whole copy on rank 0's device, alone: where the driver has no
-    device of the backend's."""
+    """All prompts through a whole copy on rank 0's device, alone. Rank 0 has the model's
+    libraries imported already; the driver need not import them (transformers and torch cost
+    some 5 s of CPU in a fresh process) and may have no device of the backend's."""
 
     def rank0_all(worker: Any, prompts: list[str], k: int) -> Any:
         return worker.generate_reference(prompts, k) if worker.rank == 0 else None
@@ -224,7 +238,6 @@ def run_job(
     phases = _phase_texts(plan, parallelism.mode, prompts, max_new_tokens)
     started = time.perf_counter()
     progress.phase(phases[0])
-    reference: Reference | None = None
     with (
         progress.shown(),
         launch(plan, worker_extension=GenerationWorker, on_status=progress) as executor,
@@ -232,14 +245,9 @@ def run_job(
         timings["time_to_ready_s"] = time.perf_counter() - started
         ran = _in_workers(executor, model, parallelism.mode, prompts, max_new_tokens, progress)
         timings.update(ran.timings)
-        if plan.backend != "cpu":
-            progress.phase(phases[3])
-            reference = reference_on_rank0(executor, prompts, max_new_tokens)
-        nodes = [dataclasses.asdict(n) for n in getattr(executor, "nodes", [])] or None
-    # On the CPU, rank 0 checks the tokens; the other ranks of an external job are done.
-    if plan.backend == "cpu" and rank == 0:
         progress.phase(phases[3])
-        reference = reference_here(model, prompts, max_new_tokens)
+        reference = reference_on_rank0(executor, prompts, max_new_tokens)
+        nodes = [dataclasses.asdict(n) for n in getattr(executor, "nodes", [])] or None
     timings["total_s"] = time.perf_counter() - started
     progress.phase(f"done in {timings['total_s']:.1f}s")
     expected = plan.world_size * (plan.world_size - 1) // 2
