@@ -15,6 +15,8 @@ from hwlaunch.plan import Plan
 
 __all__ = ["Worker"]
 
+_HOST_CPU = object()  # Worker.init_device's device, until torch.device("cpu") is asked for
+
 
 class Worker:
     """A rank of the job: owns its device and its place in the ``torch.distributed`` group."""
@@ -35,7 +37,7 @@ class Worker:
         self.plan = plan
         self.master_addr = master_addr
         self.master_port = master_port
-        self.device: Any = None
+        self._device: Any = None
         self.setup_plugins: list[str] = []  # plugins whose hwlaunch_worker_setup ran, in order
 
     @property
@@ -52,11 +54,24 @@ class Worker:
             )
         return 0 if self.plan.device_binding == "per_worker" else self.local_rank
 
+    @property
+    def device(self) -> Any:
+        """The device ``init_device`` bound (None before it ran). The base class's is
+        ``torch.device("cpu")``, made when first asked for: a worker that never uses torch
+        does not import it (a second or more of CPU in a fresh process)."""
+        if self._device is _HOST_CPU:
+            import torch
+
+            self._device = torch.device("cpu")
+        return self._device
+
+    @device.setter
+    def device(self, device: Any) -> None:
+        self._device = device
+
     def init_device(self) -> None:
         """Bind this worker to its device. The base class uses the host CPU."""
-        import torch
-
-        self.device = torch.device("cpu")
+        self._device = _HOST_CPU
 
     def init_distributed(self) -> None:
         """Join the job's process group with the plan's communication backend."""

@@ -705,6 +705,25 @@ def test_worker_environment_and_parent_untouched(
     assert "HWL_PLAN_VAR" not in os.environ
 
 
+def test_a_spawned_worker_imports_torch_only_when_it_uses_it(launch: Launcher) -> None:
+    """The cpu worker binds ``torch.device("cpu")`` when first asked for it: a spawned worker
+    that runs no torch code never imports torch (seconds of CPU per process), and one that
+    does gets the device and the plan's thread budget (from OMP_NUM_THREADS at its import)."""
+    executor = launch("spawn", init_distributed=False)
+    threads = executor.plan.cpu_threads  # the node's CPUs shared out: 1 on 2 CPUs
+    assert threads is not None
+    assert executor.collective_rpc(lambda w: "torch" in sys.modules) == [False, False]
+
+    def use_torch(worker: Any) -> tuple[str, int, str]:
+        import torch
+
+        made = torch.ones(2, device=worker.device)
+        return str(worker.device), torch.get_num_threads(), str(made.device)
+
+    assert executor.collective_rpc(use_torch) == [("cpu", threads, "cpu")] * 2
+    assert executor.collective_rpc(lambda w: w.device is w.device) == [True, True]
+
+
 # -- 12. the process group -----------------------------------------------------------------
 def test_all_reduce_rank_over_gloo(shared: Executor) -> None:
     assert shared.plan.dist_backend == "gloo"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import io
 import marshal
+import os
 import pickle
 import sys
 import traceback
@@ -127,11 +128,15 @@ def worker_class(plan: Plan, extension: bytes | str | None) -> type[Worker]:
 def apply_cpu_threads(plan: Plan) -> None:
     """The plan's thread budget, for torch in this worker process.
 
-    ``OMP_NUM_THREADS`` reached the worker's environment before anything was imported, but a
-    torch that was imported earlier (in a parent that forked, in a launcher's rank) sized its
-    pool already: ``set_num_threads`` holds whatever the start method.
+    A torch that was imported earlier (in a parent that forked, in a launcher's rank) sized its
+    pool already: ``set_num_threads`` holds whatever the start method. A worker that has not
+    imported torch yet (spawn) does not import it here: ``OMP_NUM_THREADS`` reached its
+    environment before anything was imported, and torch sizes its pool from it when the worker
+    first imports it.
     """
     if plan.cpu_threads is None:
+        return
+    if "torch" not in sys.modules and os.environ.get("OMP_NUM_THREADS") == str(plan.cpu_threads):
         return
     try:
         import torch
