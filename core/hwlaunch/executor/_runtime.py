@@ -130,19 +130,28 @@ def apply_cpu_threads(plan: Plan) -> None:
 
     A torch that was imported earlier (in a parent that forked, in a launcher's rank) sized its
     pool already: ``set_num_threads`` holds whatever the start method. A worker that has not
-    imported torch yet (spawn) does not import it here: ``OMP_NUM_THREADS`` reached its
-    environment before anything was imported, and torch sizes its pool from it when the worker
-    first imports it.
+    imported torch yet (spawn) does not import it here when ``OMP_NUM_THREADS`` (in its
+    environment before anything was imported) gives torch the same count when the worker first
+    imports it: torch takes the variable up to the CPUs it may use, no further.
     """
     if plan.cpu_threads is None:
         return
-    if "torch" not in sys.modules and os.environ.get("OMP_NUM_THREADS") == str(plan.cpu_threads):
+    if (
+        "torch" not in sys.modules
+        and os.environ.get("OMP_NUM_THREADS") == str(plan.cpu_threads)
+        and plan.cpu_threads <= _usable_cpus()
+    ):
         return
     try:
         import torch
     except ImportError:  # a worker without torch: the variables are all there is to set
         return
     torch.set_num_threads(plan.cpu_threads)
+
+
+def _usable_cpus() -> int:
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return min(n for n in (affinity, os.cpu_count() or 1) if n is not None)
 
 
 def start_worker(
