@@ -19,9 +19,10 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 BUILTINS = ("cpu", "cuda", "hpu", "xpu")
 BUILTIN_PLUGINS = (*BUILTINS, "executors")  # the built-in executors are a plugin too
-# Build outputs and caches of the working tree that must not be copied into the build.
+# Build outputs and caches of the working tree that must not be copied into the build, and
+# the venvs (.ci/other-pythons may be installing into .venv-3.13 while this copies).
 IGNORE = shutil.ignore_patterns(
-    ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "venv", ".venv"
+    ".git", "build", "dist", "*.egg-info", "__pycache__", ".*_cache", ".hypothesis", "*venv*"
 )
 
 
