@@ -9,8 +9,17 @@ from __future__ import annotations
 import ctypes
 import glob
 import importlib.util
+import os
 import sys
 from functools import lru_cache
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (a container's or taskset's limit),
+    which ``os.cpu_count()`` ignores; the machine's count where the OS has no affinity call."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def module_imported(name: str) -> bool:

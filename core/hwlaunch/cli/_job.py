@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import statistics
 import sys
 import time
@@ -23,6 +22,7 @@ from hwlaunch.cli._model_check import Parallelism
 from hwlaunch.cli._progress import Progress
 from hwlaunch.errors import HwlaunchError
 from hwlaunch.plan import Plan
+from hwlaunch.probes import usable_cpus
 
 DEFAULT_PROMPTS = (
     "The quick brown fox",
@@ -111,9 +111,7 @@ def _default_cpu_threads(device: Any) -> Iterator[None]:
         yield
         return
     budget = torch.get_num_threads()
-    torch.set_num_threads(
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    )
+    torch.set_num_threads(usable_cpus())
     try:
         yield
     finally:

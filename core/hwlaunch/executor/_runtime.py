@@ -25,6 +25,7 @@ from hwlaunch.executor._callable_cache import pickled_once
 from hwlaunch.executor._picklecheck import check_picklable
 from hwlaunch.executor._setup import run_worker_setup
 from hwlaunch.plan import Plan
+from hwlaunch.probes import usable_cpus
 from hwlaunch.worker import Worker
 
 T = TypeVar("T")
@@ -139,7 +140,7 @@ def apply_cpu_threads(plan: Plan) -> None:
     if (
         "torch" not in sys.modules
         and os.environ.get("OMP_NUM_THREADS") == str(plan.cpu_threads)
-        and plan.cpu_threads <= _usable_cpus()
+        and plan.cpu_threads <= usable_cpus()
     ):
         return
     try:
@@ -147,11 +148,6 @@ def apply_cpu_threads(plan: Plan) -> None:
     except ImportError:  # a worker without torch: the variables are all there is to set
         return
     torch.set_num_threads(plan.cpu_threads)
-
-
-def _usable_cpus() -> int:
-    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-    return min(n for n in (affinity, os.cpu_count() or 1) if n is not None)
 
 
 def start_worker(

@@ -19,6 +19,7 @@ from hwlaunch.planning.launchers import LAUNCHERS, detect_launcher, launcher_of
 from hwlaunch.planning.mainguard import detect_main_guard
 from hwlaunch.planning.threads import probe_threads
 from hwlaunch.planning.threads_budget import THREAD_VARS
+from hwlaunch.probes import usable_cpus
 from hwlaunch.runtime_facts import (
     DeviceFacts,
     LauncherInfo,
@@ -65,14 +66,6 @@ def _in_ray_actor() -> bool:
         return bool(ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None)
     except Exception:
         return False
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on: its affinity mask (a container's or taskset's limit),
-    which ``os.cpu_count()`` ignores; the machine's count where the OS has no affinity call."""
-    if hasattr(os, "sched_getaffinity"):
-        return max(1, len(os.sched_getaffinity(0)))
-    return os.cpu_count() or 1
 
 
 def gather_facts(specs: Mapping[str, BackendSpec]) -> RuntimeFacts:

@@ -10,7 +10,6 @@ laid out once into one buffer for the pipes, which take whole messages.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Collection, Sequence
 from multiprocessing import connection
 from multiprocessing.connection import Connection
@@ -27,6 +26,7 @@ from hwlaunch.executor.mp._shm_channel import (
     T,
 )
 from hwlaunch.executor.mp._wire import Frame
+from hwlaunch.probes import usable_cpus
 
 
 def _whole(head: bytes, data: Message) -> Any:
@@ -118,13 +118,6 @@ class PipeEndpoint:
         """Nothing to report on this channel (the parent always looks at the pipes)."""
 
 
-def _cpus() -> int:
-    """CPUs this process may run on (its affinity, not the machine's count)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1  # pragma: no cover - non-Linux
-
-
 Channel = PipeChannel | ShmChannel
 Endpoint = PipeEndpoint | ShmEndpoint
 
@@ -135,7 +128,7 @@ def open_channel(kind: str, world_size: int, spin: float | None) -> Channel:
     working ones)."""
     if kind == "shm":
         if spin is None:
-            spin = SPIN_WITH_FREE_CPUS if _cpus() >= world_size else 0.0
+            spin = SPIN_WITH_FREE_CPUS if usable_cpus() >= world_size else 0.0
         return ShmChannel(world_size, spin=spin)
     if kind == "pipe":
         return PipeChannel()
