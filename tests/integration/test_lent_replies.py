@@ -85,6 +85,22 @@ def test_a_large_result_is_lent_and_its_area_comes_back(executor: Any) -> None:
     assert all(_in_channel_memory(t) for t in again), "the area is lent again once free"
 
 
+def test_results_one_after_another_alternate_between_the_two_areas(executor: Any) -> None:
+    """A large result the caller drops before the next call: the next one comes in the rank's
+    other reply area, so that the worker writes memory the caller's CPU has let go of
+    meanwhile (a megabyte it read from the area just before is still in its cache)."""
+    addresses = []
+    for seed in range(6):
+        results = executor.collective_rpc("tensor", (seed,))
+        assert all(_in_channel_memory(t) for t in results), seed
+        assert [_bytes(t) for t in results] == [_content(r, seed, MIB).tobytes() for r in (0, 1)]
+        addresses.append([t.data_ptr() for t in results])
+        del results
+    for rank in (0, 1):
+        mine = [pair[rank] for pair in addresses]
+        assert len(set(mine)) == 2 and len(set(mine[0::2])) == len(set(mine[1::2])) == 1, mine
+
+
 @pytest.mark.parametrize("kind", ["tensor", "array"])
 def test_results_kept_and_written_stay_as_returned(executor: Any, kind: str) -> None:
     """Ten results kept (for tensors one lent per rank, the others copies), one of them

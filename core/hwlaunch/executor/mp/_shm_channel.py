@@ -26,12 +26,21 @@ Message ``n`` (counted from 1) is announced in the header of chunk ``n % chunks`
 byte ``n & 0xFF``, written after the data, and its length; a reader waits for that byte, and its
 reply carries the same byte. The writer reuses a chunk's header once every reader's consumed
 byte shows that it took the message before. The message itself goes into the data area of the
-first chunk that every reader is done with (it took the last message written there) and that
-no reader holds, named in the length's top bits: calls made one after another all use the
-first chunk's memory rather than going round the ring, and a chunk a reader holds (see *lent
-requests*) costs nothing while another is free. A small message (up to ``COPY_MAX_BYTES``)
-stays beside its header where that chunk is free: the line after the header's. Nothing is
-ever cleared, so a message costs one flag store on each side.
+first chunk that every reader is done with (it took the last message written there), that no
+reader holds, and that did not take the last large message (see *alternate areas*), named in the
+length's top bits: calls made one after another take turns between two chunks rather than
+going round the ring, and a chunk a reader holds (see *lent requests*) costs nothing while
+another is free. A small message (up to ``COPY_MAX_BYTES``) stays beside its header where that
+chunk is free: the line after the header's. Nothing is ever cleared, so a message costs one
+flag store on each side.
+
+*Alternate areas*: a large message is written where the one before the last went, on both
+sides (requests into two chunks in turn, each reader's large replies into its two reply areas
+in turn). A CPU that reads a megabyte keeps most of it in its cache; the other side's CPU
+writing the same memory right after must take every line from it first, which on the 2-CPU
+machine measured made a 1 MiB write cost two to four times a plain copy. By the time a
+message's area comes round again, the reader has moved a megabyte of other data through its
+cache, and the write costs a copy (``benchmarks/alternate_areas.py``).
 
 A message larger than a chunk (or a reply larger than a slot) goes into a *spill* file instead:
 one more anonymous memory file per direction (the parent's requests; each rank's replies),
@@ -47,9 +56,10 @@ parent cannot follow; a tensor references the very view it was given.) The area 
 caller's for as long as anything views it: after the decoding, and before each later request,
 the parent looks at the references to the views it gave out, and marks the area free again
 once nothing but itself holds them. A reader
-answers into a free area; since the parent lends an area only while the other one is free,
-there always is one, and a result the caller keeps merely makes later replies of that reader
-copies (as every reply of a spill file, or of the pipe channel, is). What stays lent is
+answers into a free area (a large reply into the other one than its last large reply's,
+unless the parent holds that one); since the parent lends an area only while the other one is
+free, there always is one, and a result the caller keeps merely makes later replies of that
+reader copies (as every reply of a spill file, or of the pipe channel, is). What stays lent is
 memory the workers can reach: a process forked from the parent later shares, rather than
 copies, a result it still holds.
 
@@ -289,6 +299,7 @@ class ShmChannel:
         self._held_at = g.line(1) + HELD if g.lends_requests else 0
         self._sent = 0  # messages sent so far; the last one's sequence byte is its low byte
         self._last_in = [0] * chunks  # per chunk: the last message written into its data area
+        self._last_area = -1  # the chunk that took the last message not beside its header
         self._poller: tuple[tuple[int, ...], Any] | None = None
         self._lent = Loans()  # the reply areas lent to results, by their lend bytes
         self._closed = False
@@ -343,6 +354,8 @@ class ShmChannel:
             area = index
         else:
             area = self._free_area(n)
+            if area >= 0:
+                self._last_area = area
         if area >= 0:
             _put(mm, g.chunk_at[area] + LINE, head, data)
             _LEN.pack_into(mm, at + LENGTH_AT, size | area << AREA_SHIFT)
@@ -362,13 +375,23 @@ class ShmChannel:
 
     def _free_area(self, n: int) -> int:
         """The chunk whose data area takes message ``n``: the first one that every reader is
-        done with (it took the last message written there) and that no reader holds (see
-        *lent requests*); -1 where there is none (the spill file). Calls one after another
-        find the first chunk free, so their payloads go to the same memory rather than round
-        the ring."""
+        done with (it took the last message written there), that no reader holds (see *lent
+        requests*) and that did not take the last large message, else that one; -1 where
+        there is none (the spill file). Calls one after another so alternate between two
+        chunks rather than going round the ring (see *alternate areas*)."""
+        last_area = self._last_area
+        area = self._free_area_but(n, last_area)
+        if area < 0 and last_area >= 0:
+            area = self._free_area_but(n, -1)
+        return area
+
+    def _free_area_but(self, n: int, skip: int) -> int:
+        """The first free chunk (see ``_free_area``) other than ``skip``, else -1."""
         mm, held, consumed = self.mm, self._held_at, self._consumed
         oldest = n - self.geometry.chunks  # every reader took this one (_wait_free)
         for area, last in enumerate(self._last_in):
+            if area == skip:
+                continue
             if last > oldest:
                 for at in consumed:  # a reader is at most a ring behind: the distance tells
                     if (mm[at] - last) & 0xFF >= 128:
@@ -567,6 +590,7 @@ class ShmEndpoint:
         self.lending: list[memoryview] | None = None
         self._lending_at = 0  # the held byte of the chunk the lent views are in
         self._held = Loans()  # the chunks still lent to arguments, by their held bytes
+        self._last_area = 1  # the reply area of the last large reply (the first one's: 0)
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__ | {"_mm": None, "_poller": None, "_watched": ()}
@@ -677,13 +701,18 @@ class ShmEndpoint:
         line, at = self._line, self._slot
         # The first area, unless the parent lent it (it never holds both: see lent replies).
         second = mm[self._lend_at]
-        start = self._areas[second]
-        where = SECOND if second else 0  # the length's flags: which area, or the spill file
-        if type(data) is bytes and len(data) <= self._slot_bytes:  # the usual small reply
-            length = len(data)
+        if type(data) is bytes and (length := len(data)) <= COPY_MAX_BYTES:  # the usual reply
+            start = self._areas[second]
             mm[start : start + length] = data
+            where = SECOND if second else 0  # the length's flags: which area, or spilled
         elif (length := _size(data)) <= self._slot_bytes:
-            _put(mm, start, b"", data)
+            if length > COPY_MAX_BYTES:  # the other area than the last large reply's
+                second = self._last_area ^ 1  # (see *alternate areas*)
+                if mm[self._lend_at + second]:
+                    second ^= 1
+                self._last_area = second
+            _put(mm, self._areas[second], b"", data)
+            where = SECOND if second else 0
         else:
             _put(self._reply_spill.memory(length, grow=True), 0, b"", data)
             where = SPILLED
