@@ -34,13 +34,13 @@ another is free. A small message (up to ``COPY_MAX_BYTES``) stays beside its hea
 chunk is free: the line after the header's. Nothing is ever cleared, so a message costs one
 flag store on each side.
 
-*Alternate areas*: a large message is written where the one before the last went, on both
-sides (requests into two chunks in turn, each reader's large replies into its two reply areas
-in turn). A CPU that reads a megabyte keeps most of it in its cache; the other side's CPU
-writing the same memory right after must take every line from it first, which on the 2-CPU
-machine measured made a 1 MiB write cost two to four times a plain copy. By the time a
-message's area comes round again, the reader has moved a megabyte of other data through its
-cache, and the write costs a copy (``benchmarks/alternate_areas.py``).
+*Alternate areas*: a large message goes into a free area other than the last large message's,
+on both sides (requests into two chunks in turn, each reader's large replies into its two
+reply areas in turn). A CPU that reads a megabyte keeps most of it in its cache; the other
+side's CPU writing the same memory right after must take every line from it first, which on
+the 2-CPU machine measured made a 1 MiB write cost two to four times a plain copy. By the time
+an area comes round again, its reader has moved the other message (and what its call touched)
+through its cache, and the write costs a copy (``benchmarks/alternate_areas.py``).
 
 A message larger than a chunk (or a reply larger than a slot) goes into a *spill* file instead:
 one more anonymous memory file per direction (the parent's requests; each rank's replies),
