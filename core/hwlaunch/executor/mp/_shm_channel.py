@@ -611,6 +611,7 @@ class ShmEndpoint:
             os.close(ring.fd)  # the mapping keeps the memory
             self._spill, self._reply_spill = Spill(spill.fd), Spill(reply_spill.fd)
             self._chunk_at, self._chunks, self._slot_bytes = g.chunk_at, g.chunks, g.slot_bytes
+            self._small = min(COPY_MAX_BYTES, g.slot_bytes)  # a reply that needs no choice
             self._lends = g.lends_requests
             self._line = g.line(1 + self.rank)
             self._slot = g.slot_at[self.rank]
@@ -701,7 +702,7 @@ class ShmEndpoint:
         line, at = self._line, self._slot
         # The first area, unless the parent lent it (it never holds both: see lent replies).
         second = mm[self._lend_at]
-        if type(data) is bytes and (length := len(data)) <= COPY_MAX_BYTES:  # the usual reply
+        if type(data) is bytes and (length := len(data)) <= self._small:  # the usual reply
             start = self._areas[second]
             mm[start : start + length] = data
             where = SECOND if second else 0  # the length's flags: which area, or spilled
