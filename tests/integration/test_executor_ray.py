@@ -703,7 +703,10 @@ class SlowShutdown:
     def shutdown(self):
         time.sleep(self.seconds)
         super().shutdown()
-        Path(self.where, f"shutdown-{self.rank}").write_text(str(os.getpid()))
+        # Written beside the folder, then renamed into it: the marker appears whole.
+        part = Path(self.where).parent / f"shutdown-{self.rank}.part"
+        part.write_text(str(os.getpid()))
+        os.replace(part, Path(self.where, f"shutdown-{self.rank}"))
 
 if __name__ == "__main__":
     SlowShutdown.where, SlowShutdown.seconds = sys.argv[2], float(sys.argv[3])
