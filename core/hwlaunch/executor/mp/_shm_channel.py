@@ -379,19 +379,10 @@ class ShmChannel:
         requests*) and that did not take the last large message, else that one; -1 where
         there is none (the spill file). Calls one after another so alternate between two
         chunks rather than going round the ring (see *alternate areas*)."""
-        last_area = self._last_area
-        area = self._free_area_but(n, last_area)
-        if area < 0 and last_area >= 0:
-            area = self._free_area_but(n, -1)
-        return area
-
-    def _free_area_but(self, n: int, skip: int) -> int:
-        """The first free chunk (see ``_free_area``) other than ``skip``, else -1."""
         mm, held, consumed = self.mm, self._held_at, self._consumed
         oldest = n - self.geometry.chunks  # every reader took this one (_wait_free)
+        last_area, fallback = self._last_area, -1
         for area, last in enumerate(self._last_in):
-            if area == skip:
-                continue
             if last > oldest:
                 for at in consumed:  # a reader is at most a ring behind: the distance tells
                     if (mm[at] - last) & 0xFF >= 128:
@@ -401,8 +392,10 @@ class ShmChannel:
                 if last:
                     continue
             if not (held and mm[held + area]):
-                return area
-        return -1
+                if area != last_area:
+                    return area
+                fallback = area
+        return fallback
 
     def _wait_free(self, n: int, alive: Callable[[], None], deadline: float | None) -> None:
         """Return once every reader took the message before ``n`` in its chunk."""
