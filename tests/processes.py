@@ -107,6 +107,12 @@ def channel_memory(pid: int, parent: int) -> tuple[int, int]:
     return maps, links
 
 
+def takes_turns(addresses: list[int]) -> bool:
+    """Whether consecutive messages' ``addresses`` alternate between exactly two places (the
+    shm channel's *alternate areas*)."""
+    return len(set(addresses)) == 2 and len(set(addresses[0::2])) == len(set(addresses[1::2])) == 1
+
+
 def shm_entries(pid: int) -> list[str]:
     """What a parent of this pid would have named in /dev/shm (others' entries are not ours)."""
     return [name for name in os.listdir("/dev/shm") if f"hwlaunch-{pid}" in name]

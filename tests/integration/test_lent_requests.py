@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from processes import mp_launch
+from processes import mp_launch, takes_turns
 
 from hwlaunch.executor.mp._shm_channel import CHUNKS
 
@@ -124,11 +124,6 @@ def test_a_kept_argument_holds_its_chunk_until_dropped(executor: Any, view: bool
     assert places == ["ring"] * 2 * CHUNKS, "a chunk comes back once nothing views it"
 
 
-def _alternate(addresses: list[int]) -> bool:
-    """Whether ``addresses`` take turns between two places."""
-    return len(set(addresses)) == 2 and len(set(addresses[0::2])) == len(set(addresses[1::2])) == 1
-
-
 def test_calls_one_after_another_alternate_between_two_chunks(executor: Any) -> None:
     """Each call's argument lies where the call before the last one's did: two chunks in
     turn rather than round the ring, so that the parent writes memory the worker's CPU has let
@@ -138,14 +133,14 @@ def test_calls_one_after_another_alternate_between_two_chunks(executor: Any) -> 
     executor.collective_rpc("drop")  # nothing kept from earlier tests (given back lazily:
     executor.collective_rpc("address", (_tensor(69),))  # a chunk before the next message)
     addresses = [executor.collective_rpc("address", (_tensor(70 + i),))[0] for i in range(6)]
-    assert _alternate(addresses), addresses
+    assert takes_turns(addresses), addresses
     (kept,) = executor.collective_rpc("keep_at", (_tensor(80),))
     later = [executor.collective_rpc("address", (_tensor(90 + i),))[0] for i in range(6)]
-    assert _alternate(later) and kept not in later, (kept, later)
+    assert takes_turns(later) and kept not in later, (kept, later)
     executor.collective_rpc("drop")
     executor.collective_rpc("address", (_tensor(98),))  # the worker gives the chunk back
     again = [executor.collective_rpc("address", (_tensor(99 + i),))[0] for i in range(4)]
-    assert _alternate(again) and set(again) == set(addresses), (addresses, again)
+    assert takes_turns(again) and set(again) == set(addresses), (addresses, again)
 
 
 def test_with_every_chunk_held_messages_still_flow(executor: Any) -> None:
