@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 from _contenders import channel_executor, pin_apart  # benchmarks/ on sys.path
 
@@ -57,12 +58,6 @@ def calls(executor: Any) -> dict[str, Callable[[], Any]]:
     }
 
 
-def _cpu(pid: int) -> int:
-    """The CPU that ``pid`` last ran on (``/proc/PID/stat``, field 39)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rsplit(")", 1)[1].split()[36])
-
-
 def main() -> None:
     rounds, pin = int(sys.argv[1]), sys.argv[2] == "pin"
     executor = channel_executor(Patterns)
@@ -72,7 +67,7 @@ def main() -> None:
         cases = calls(executor)
         samples: dict[str, list[float]] = {name: [] for name in cases}
         order, together = list(cases), 0
-        worker = executor.pids[0]
+        me, worker = psutil.Process(), psutil.Process(executor.pids[0])
         for turn in range(rounds):
             random.Random(turn).shuffle(order)
             for name in order:
@@ -83,7 +78,7 @@ def main() -> None:
                     began = time.perf_counter()
                     call()
                     samples[name].append(time.perf_counter() - began)
-                together += _cpu(os.getpid()) == _cpu(worker)
+                together += me.cpu_num() == worker.cpu_num()  # the CPU each last ran on
         medians = {name: statistics.median(times) for name, times in samples.items()}
         shared = together / (rounds * len(cases))
         print(json.dumps({"version": hwlaunch.__file__, "medians": medians, "shared": shared}))
