@@ -118,6 +118,25 @@ def shm_entries(pid: int) -> list[str]:
     return [name for name in os.listdir("/dev/shm") if f"hwlaunch-{pid}" in name]
 
 
+def private_temp(env: dict[str, str], folder: Path) -> dict[str, str]:
+    """``env`` with ``folder`` (created) as TMPDIR: a parent program's temporary files
+    (multiprocessing's folder, a fork server's socket) go there, where a test sees any left."""
+    folder.mkdir(exist_ok=True)
+    return env | {"TMPDIR": str(folder)}
+
+
+def left_in(folder: Path) -> list[str]:
+    """Everything under ``folder``, relative to it."""
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*"))
+
+
+def assert_emptied(folder: Path, timeout: float) -> None:
+    """Wait until nothing is left under ``folder``; fail naming what is."""
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: left_in(folder) == [], timeout, f"{folder} to empty")
+    assert left_in(folder) == [], f"left in {folder}"
+
+
 @contextlib.contextmanager
 def parent_program(
     command: list[str], **popen: Any

@@ -28,7 +28,15 @@ from typing import Any
 import psutil
 import pytest
 import torch  # imported here so that fork workers inherit it instead of importing it each
-from processes import alive, kill_all, processes, wait_until
+from processes import (
+    alive,
+    assert_emptied,
+    kill_all,
+    left_in,
+    private_temp,
+    processes,
+    wait_until,
+)
 
 import hwlaunch
 from hwlaunch import (
@@ -425,6 +433,7 @@ def busy_parent(
 
     def start(method: str) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
+        env = private_temp(env, markers.parent / "temp")
         proc = subprocess.Popen(
             [sys.executable, str(SCRIPTS / "busy_parent.py"), method, str(markers)],
             cwd=markers,
@@ -453,16 +462,23 @@ def busy_parent(
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
-def test_parent_death_ends_every_worker(method: str, sig: signal.Signals, busy_parent: Any) -> None:
+def test_parent_death_ends_every_worker(
+    method: str, sig: signal.Signals, busy_parent: Any, markers: Path
+) -> None:
+    """The workers follow their parent, and nothing of it is left in its TMPDIR (a fork
+    server's socket and multiprocessing's folder: the server removes them when it ends)."""
     proc, workers = busy_parent(method)
     os.kill(proc.pid, sig)
     assert proc.wait(10) == -sig
     took = wait_until(lambda: alive(workers) == [], 3.0, "the workers to follow their parent")
     print(f"figure: {method} parent {sig.name}: workers gone after {took * 1000:.0f} ms")
+    assert_emptied(markers.parent / "temp", 5.0)  # the fork server ends after the workers
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_keyboard_interrupt_shuts_down_and_propagates(method: str, busy_parent: Any) -> None:
+def test_keyboard_interrupt_shuts_down_and_propagates(
+    method: str, busy_parent: Any, markers: Path
+) -> None:
     proc, workers = busy_parent(method)
     start = time.monotonic()
     os.kill(proc.pid, signal.SIGINT)
@@ -474,6 +490,7 @@ def test_keyboard_interrupt_shuts_down_and_propagates(method: str, busy_parent: 
     report = json.loads(out.strip().splitlines()[-1])
     assert report == {"interrupted": True, "alive_after_interrupt": []}
     assert alive(workers) == []
+    assert left_in(markers.parent / "temp") == []
 
 
 @pytest.mark.parametrize("method", METHODS)

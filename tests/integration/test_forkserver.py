@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import textwrap
-from multiprocessing import forkserver
+from multiprocessing import forkserver, util
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from processes import run_json_script
 
 import hwlaunch
 from hwlaunch.executor.mp import _forkserver as hw_forkserver
+from hwlaunch.executor.mp import _server_setup
 
 CPU_PRELOAD = ["torch", "hwlaunch.plugins.cpu.worker"]
 GUARDED = {"main_guard": "guarded"}
@@ -72,8 +73,9 @@ def test_server_starts_once_with_the_preload_and_workers_fork_from_it(tmp_path: 
     assert seen["pids"][0] == seen["pids"][1]  # one server for both launches
     assert seen["parents"] == [seen["pids"][0]]  # the workers are its children
     assert seen["warned"] == []
-    assert seen["preload"][0].startswith(hw_forkserver.ENV_MODULE + ".p")  # the env, first
-    assert seen["preload"][1:3] == CPU_PRELOAD
+    assert seen["preload"][0].startswith(hw_forkserver.SETUP_MODULE + ".t")  # clean-up, first
+    assert seen["preload"][1].startswith(hw_forkserver.SETUP_MODULE + ".p")  # then the env
+    assert seen["preload"][2:4] == CPU_PRELOAD
     assert "hwlaunch.executor.mp._child" in seen["preload"]
     assert seen["stdlib_server"] is None  # the standard library's own is not started
     assert seen["server_has_torch"]  # imported by the server, once...
@@ -141,11 +143,52 @@ def test_one_server_per_environment_and_preload(monkeypatch: pytest.MonkeyPatch)
     assert hw_forkserver.server_for({"OMP_NUM_THREADS": "2"}, cpu) is not one
     assert hw_forkserver.server_for({"OMP_NUM_THREADS": "1"}, ("torch",)) is not one
     preload: list[str] = one._preload_modules  # type: ignore[attr-defined]
-    assert preload[0].startswith(hw_forkserver.ENV_MODULE + ".p")
-    assert preload[1:] == [*CPU_PRELOAD, *hw_forkserver.EXECUTOR_MODULES]
+    clean_up = f"{hw_forkserver.SETUP_MODULE}.t{util.get_temp_dir().encode().hex()}"
+    assert preload[0] == clean_up
+    assert preload[1].startswith(hw_forkserver.SETUP_MODULE + ".p")
+    assert preload[2:] == [*CPU_PRELOAD, *hw_forkserver.EXECUTOR_MODULES]
     bare = hw_forkserver.server_for({}, cpu)
-    assert bare._preload_modules == [*CPU_PRELOAD, *hw_forkserver.EXECUTOR_MODULES]  # type: ignore[attr-defined]
+    assert bare._preload_modules == [clean_up, *CPU_PRELOAD, *hw_forkserver.EXECUTOR_MODULES]  # type: ignore[attr-defined]
     assert hw_forkserver.running_servers() == []  # none started: that is the first worker's
+
+
+def test_a_temporary_folder_inherited_from_another_process_is_not_the_servers_to_remove(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process forked from this one shares its ``multiprocessing`` folder, which this one
+    removes at its exit: a server the child starts gets no clean-up module for it."""
+    monkeypatch.setattr(hw_forkserver, "_servers", {})
+    util.get_temp_dir()  # made (and owned) here, before the fork
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its server's preload, then leave at once
+        try:
+            preload = hw_forkserver.server_for({}, ("torch",))._preload_modules  # type: ignore[attr-defined]
+            os.write(write, json.dumps(preload).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as reader:
+        preload = json.loads(reader.read())
+    os.waitpid(pid, 0)
+    assert preload == ["torch", *hw_forkserver.EXECUTOR_MODULES]
+    assert (
+        hw_forkserver.server_for({}, ("torch",))
+        ._preload_modules[0]
+        .startswith(  # type: ignore[attr-defined]
+            hw_forkserver.SETUP_MODULE + ".t"
+        )
+    )  # here, the owner: one
+
+
+def test_the_server_removes_the_folder_only_once_its_parent_is_gone(tmp_path: Path) -> None:
+    folder = tmp_path / "pymp-x"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "listener-1").touch()
+    _server_setup._remove_orphaned(str(folder), os.getppid())  # the parent lives: its folder
+    assert folder.exists()
+    _server_setup._remove_orphaned(str(folder), os.getpid())  # another parent: gone
+    assert not folder.exists()
 
 
 def test_the_environment_travels_in_a_private_file_not_the_command_line(
@@ -155,9 +198,9 @@ def test_the_environment_travels_in_a_private_file_not_the_command_line(
     a file that only this user can read, and holds no value."""
     monkeypatch.setattr(hw_forkserver, "_servers", {})
     server = hw_forkserver.server_for({"SECRET_TOKEN": "s3cr3t"}, ("torch",))
-    name: str = server._preload_modules[0]  # type: ignore[attr-defined]
+    name: str = server._preload_modules[1]  # type: ignore[attr-defined]
     assert "s3cr3t" not in name and b"s3cr3t".hex() not in name
-    path = bytes.fromhex(name.removeprefix(hw_forkserver.ENV_MODULE + ".p")).decode()
+    path = bytes.fromhex(name.removeprefix(hw_forkserver.SETUP_MODULE + ".p")).decode()
     assert json.loads(Path(path).read_text()) == {"SECRET_TOKEN": "s3cr3t"}
     assert os.stat(path).st_mode & 0o077 == 0
     os.unlink(path)

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from processes import alive, kill_all, processes, wait_until
+from processes import alive, assert_emptied, kill_all, private_temp, processes, wait_until
 
 METHODS = ["fork", "spawn", "forkserver"]
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
@@ -44,12 +44,16 @@ def describe(pids: Iterable[int]) -> list[str]:
 
 
 @pytest.fixture
-def tree_parent() -> Iterator[Callable[..., tuple[subprocess.Popen[str], dict[str, Any]]]]:
-    """Runs scripts/tree_parent.py; returns it with its report once every tree has started."""
+def tree_parent(
+    tmp_path: Path,
+) -> Iterator[Callable[..., tuple[subprocess.Popen[str], dict[str, Any]]]]:
+    """Runs scripts/tree_parent.py, with ``tmp_path/temp`` as its TMPDIR; returns it with its
+    report once every tree has started."""
     started: list[tuple[subprocess.Popen[str], list[psutil.Process]]] = []
 
     def start(method: str, mode: str = "idle") -> tuple[subprocess.Popen[str], dict[str, Any]]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
+        env = private_temp(env, tmp_path / "temp")
         proc = subprocess.Popen(
             [sys.executable, str(SCRIPTS / "tree_parent.py"), method, mode],
             cwd=SCRIPTS,
@@ -83,8 +87,12 @@ def tree_parent() -> Iterator[Callable[..., tuple[subprocess.Popen[str], dict[st
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("mode", ["idle", "busy"])
-def test_parent_sigkill_ends_every_descendant(method: str, mode: str, tree_parent: Any) -> None:
-    """2 workers x (2 Popen + a 2-process Pool): nothing survives the parent's SIGKILL by 3 s."""
+def test_parent_sigkill_ends_every_descendant(
+    method: str, mode: str, tree_parent: Any, tmp_path: Path
+) -> None:
+    """2 workers x (2 Popen + a 2-process Pool): nothing survives the parent's SIGKILL by 3 s,
+    and nothing is left in the parent's TMPDIR (under forkserver, hwlaunch's fork server
+    removes the parent's multiprocessing folder, with the Pools' sockets in it)."""
     for _ in range(REPEATS if mode == "idle" else 1):
         proc, report = tree_parent(method, mode)
         descendants = processes(report["descendants"])
@@ -101,6 +109,7 @@ def test_parent_sigkill_ends_every_descendant(method: str, mode: str, tree_paren
         assert survivors == [], (
             f"{method}: survivors 3 s after the parent's SIGKILL: {describe(survivors)}"
         )
+        assert_emptied(tmp_path / "temp", 5.0)
 
 
 # -- in this process: the worker is killed, or shut down -----------------------------------

@@ -24,7 +24,16 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from processes import alive, channel_memory, mp_launch, parent_program, shm_entries, wait_until
+from processes import (
+    alive,
+    assert_emptied,
+    channel_memory,
+    mp_launch,
+    parent_program,
+    private_temp,
+    shm_entries,
+    wait_until,
+)
 
 from hwlaunch.executor._callable_cache import CachedPickle
 from hwlaunch.executor._runtime import encode_method
@@ -301,6 +310,7 @@ def _memfd_holders(parent: int) -> list[str]:
 def test_parent_sigkill_mid_transfer_leaves_nothing(method: str, clean_env: Path) -> None:
     command = [sys.executable, str(SCRIPTS / "transfer_parent.py"), method]
     env = {k: v for k, v in os.environ.items() if not k.startswith("HWLAUNCH_")}
+    env = private_temp(env, clean_env / "temp")
     with parent_program(command, env=env) as (proc, workers):
         for _ in range(3):  # 64 MiB round trips under way, one after another
             assert proc.stdout is not None and proc.stdout.readline()
@@ -310,3 +320,4 @@ def test_parent_sigkill_mid_transfer_leaves_nothing(method: str, clean_env: Path
         wait_until(lambda: not alive(workers), 5.0, "workers to follow their parent")
         wait_until(lambda: not _memfd_holders(proc.pid), 5.0, "the channel memory to go")
         assert shm_entries(proc.pid) == []
+        assert_emptied(clean_env / "temp", 5.0)  # a fork server's socket and its folder

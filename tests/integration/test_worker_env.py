@@ -128,7 +128,7 @@ def test_each_distinct_env_gets_its_own_fork_server_and_none_outlives_the_progra
             ) as ex:
                 ranks.append(ex.collective_rpc(report))
         servers = running_servers()
-        files = [bytes.fromhex(s._preload_modules[0].rsplit(".p", 1)[1]).decode()
+        files = [bytes.fromhex(s._preload_modules[1].rsplit(".p", 1)[1]).decode()
                  for s in servers]
         print(json.dumps({"ranks": ranks, "servers": [s._forkserver_pid for s in servers],
                           "files": files,
@@ -154,7 +154,7 @@ def test_what_the_spawn_child_imports_before_the_env_reads_no_thread_variable() 
     imports the worker loop's modules: none of them may be torch or NumPy (both read
     OMP_NUM_THREADS when imported)."""
     code = (
-        "import sys, hwlaunch.executor.mp._child, hwlaunch.executor.mp._server_env; "
+        "import sys, hwlaunch.executor.mp._child, hwlaunch.executor.mp._server_setup; "
         "print([m for m in ('torch', 'numpy', 'mkl') if m in sys.modules])"
     )
     out = subprocess.run(

@@ -5,9 +5,10 @@ environment, and it imports the preload (torch) before any worker exists. A vari
 plan's env that torch or a vendor SDK reads when imported (``OMP_NUM_THREADS``) would reach the
 workers after the server had imported them, too late. So each distinct environment gets a
 server of its own (``multiprocessing.forkserver.ForkServer`` instances: CPython's code, not a
-copy), whose first preload module sets that environment (``_server_env``) before the next one
-imports anything. The parent's ``os.environ`` is never written (other threads may be reading
-it), and the standard library's own server is left to whoever else uses it.
+copy), whose first preload modules (``_server_setup``) set that environment before the next one
+imports anything, and have the server remove this process's temporary folder (its socket's) if
+this process dies without doing so. The parent's ``os.environ`` is never written (other threads
+may be reading it), and the standard library's own server is left to whoever else uses it.
 
 A server lives as long as this process (it ends when the last process holding its "alive" pipe,
 this one or a worker, ends), so later launches with the same environment and preload reuse it
@@ -37,7 +38,7 @@ EXECUTOR_MODULES = (
     "hwlaunch.executor.mp._forkserver",
     "multiprocessing.popen_forkserver",
 )
-ENV_MODULE = "hwlaunch.executor.mp._server_env"  # its children set the server's environment
+SETUP_MODULE = "hwlaunch.executor.mp._server_setup"  # its children run first in the server
 
 Key = tuple[tuple[tuple[str, str], ...], tuple[str, ...]]
 _servers: dict[Key, forkserver.ForkServer] = {}
@@ -53,10 +54,27 @@ def server_for(env: Mapping[str, str], preload: tuple[str, ...]) -> forkserver.F
         if server is None:
             server = forkserver.ForkServer()
             modules = (*preload, *EXECUTOR_MODULES)
-            first = [_env_module(dict(env))] if env else []
+            first = _clean_up_module()
+            if env:
+                first.append(_env_module(dict(env)))
             server.set_forkserver_preload([*first, *dict.fromkeys(modules)])
             _servers[key] = server
         return server
+
+
+def _clean_up_module() -> list[str]:
+    """The preload module that has the server remove this process's ``multiprocessing``
+    temporary folder if this process dies without removing it (``_server_setup``); none where
+    the folder is not this process's own but one it inherited (its remover is the process
+    that made it, which may outlive this one)."""
+    folder = util.get_temp_dir()
+    remover = getattr(util, "_remove_temp_dir", None)
+    for finalizer in list(getattr(util, "_finalizer_registry", {}).values()):
+        args = getattr(finalizer, "_args", None) or ()
+        removes = getattr(finalizer, "_callback", None) is remover and args[1:] == (folder,)
+        if removes and getattr(finalizer, "_pid", None) == os.getpid():
+            return [f"{SETUP_MODULE}.t{folder.encode().hex()}"]
+    return []
 
 
 def _env_module(env: dict[str, str]) -> str:
@@ -71,7 +89,7 @@ def _env_module(env: dict[str, str]) -> str:
     with os.fdopen(fd, "w") as file:
         json.dump(env, file)
     util.Finalize(None, _remove, (path,), exitpriority=0)
-    return f"{ENV_MODULE}.p{path.encode().hex()}"
+    return f"{SETUP_MODULE}.p{path.encode().hex()}"
 
 
 def _remove(path: str) -> None:
