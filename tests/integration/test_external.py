@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import private_temp
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -20,8 +21,10 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 def torchrun(
     *args: str, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """torchrun from torch, next to this interpreter, with a clean hwlaunch environment."""
+    """torchrun from torch, next to this interpreter, with a clean hwlaunch environment and
+    ``cwd/temp`` as TMPDIR (torchrun leaves its log folder there)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith(("HWLAUNCH_", "SLURM_"))}
+    base = private_temp(base, cwd / "temp")
     return subprocess.run(
         [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", *args],
         cwd=cwd,

@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from processes import run_json_script
+from processes import private_temp, run_json_script
 
 METHODS = ("fork", "spawn", "forkserver")
 pytestmark = pytest.mark.timeout(240)
@@ -191,7 +191,7 @@ def test_under_torchrun_each_rank_runs_its_share_not_torchruns_one(tmp_path: Pat
     proc = subprocess.run(
         [str(torchrun), "--standalone", "--nproc-per-node", "2", "rank.py"],
         cwd=tmp_path,
-        env=env,
+        env=private_temp(env, tmp_path / "temp"),  # torchrun leaves its log folder there
         capture_output=True,
         text=True,
         timeout=200,
