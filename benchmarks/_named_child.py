@@ -1,5 +1,8 @@
-"""One side of ``named_noop.py``: the named no-op to one mp worker (fork, shm channel), in the
-hwlaunch that this interpreter imports; prints the medians of its rounds as JSON."""
+"""One side of ``named_noop.py``: the named no-op to N mp workers (fork, shm channel), in the
+hwlaunch that this interpreter imports; prints the medians of its rounds as JSON.
+
+    _named_child.py ROUNDS CALLS pin|free [WORKERS]
+"""
 
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ class Ping:
 
 def main() -> None:
     rounds, calls, pin = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "pin"
-    executor = channel_executor(Ping)
+    workers = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    executor = channel_executor(Ping, n=workers)
     try:
         if pin:
             pin_apart(executor)

@@ -1,15 +1,16 @@
-"""The named no-op to one worker, this hwlaunch against another version, side by side.
+"""The named no-op to one worker (or N), this hwlaunch against another version, side by side.
 
     python benchmarks/named_noop.py --baseline DIR [--pairs 6] [--rounds 5] [--calls 2000]
-                                    [--pin]
+                                    [--pin] [--workers N]
 
 ``DIR`` is a directory that holds another version's ``hwlaunch`` package (put first on
 ``PYTHONPATH``). The two versions run in turn, in fresh parents, ``--pairs`` times each (which
 goes first alternates), so that the load of the machine meets both alike; each parent launches
-one fork worker (shm channel), calls ``ping`` 1,000 times to warm up, then times ``--rounds``
+its fork workers (shm channel), calls ``ping`` 1,000 times to warm up, then times ``--rounds``
 rounds of ``--calls`` calls. Reported: the median of each version's round medians, and the
-ratio. ``--pin`` puts the parent and the worker on two CPUs of their own, so that where the
-scheduler places them is not part of the figure.
+ratio. ``--pin`` puts the parent and the (first) worker on two CPUs of their own, so that
+where the scheduler places them is not part of the figure. ``--workers N`` launches N workers
+instead of one: with 2 on a 2-CPU machine, three processes take turns on two CPUs.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from _contenders import env_with_version  # benchmarks/ on sys.path
 CHILD = Path(__file__).with_name("_named_child.py")
 
 
-def _run(pythonpath: str | None, rounds: int, calls: int, pin: bool) -> list[float]:
+def _run(pythonpath: str | None, rounds: int, calls: int, pin: bool, workers: int) -> list[float]:
     env = env_with_version(pythonpath)
     command = [sys.executable, str(CHILD), str(rounds), str(calls), "pin" if pin else "free"]
+    command.append(str(workers))
     out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     print(f"  {result['version']}: " + ", ".join(f"{m * 1e6:.1f}" for m in result["medians"]))
@@ -42,16 +44,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--pin", action="store_true")
+    parser.add_argument("--workers", type=int, default=1)
     args = parser.parse_args()
     this: list[float] = []
     baseline: list[float] = []
     for pair in range(args.pairs):
         sides = [(None, this), (args.baseline, baseline)]
         for path, medians in sides if pair % 2 else reversed(sides):
-            medians += _run(path, args.rounds, args.calls, args.pin)
+            medians += _run(path, args.rounds, args.calls, args.pin, args.workers)
     now, before = statistics.median(this), statistics.median(baseline)
     print(
-        f"named no-op, one worker{' (pinned)' if args.pin else ''}: this {now * 1e6:.1f} µs, "
+        f"named no-op, {args.workers} worker(s){' (pinned)' if args.pin else ''}: "
+        f"this {now * 1e6:.1f} µs, "
         f"baseline {before * 1e6:.1f} µs, x{now / before:.2f} "
         f"({'no slower' if now <= before else 'slower'})"
     )

@@ -36,6 +36,9 @@ from hwlaunch import (
     WorkerDiedError,
     WorkerError,
 )
+from hwlaunch.channels import SPIN_WITH_FREE_CPUS
+from hwlaunch.executor.mp import _pipe_channel as pipe_channel
+from hwlaunch.executor.mp import _shm_wait as shm_wait
 from hwlaunch.executor.mp._shm_channel import (
     CHUNK_BYTES,
     ChannelLost,
@@ -300,6 +303,44 @@ def test_polling_gives_way_to_a_busy_neighbour() -> None:
     memory[0] = 1
     assert Spinner(window=5.0).poll(memory, never, 1, None)  # ready: True at once
     assert not Spinner(window=0.0).poll(memory, never, 1, None)  # no window: never polls
+
+
+def test_eager_looks_come_before_the_first_yield_only_where_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ready flag is seen without a yield by a spinner that looks first, and after one by a
+    spinner that does not (where a party shares its CPU, a yield lets the other one run)."""
+    yields: list[int] = []
+    monkeypatch.setattr(shm_wait, "_sched_yield", lambda: yields.append(1))
+    memory = mmap.mmap(-1, 64)
+    memory[0] = 1
+    assert Spinner(window=5.0, eager_looks=100).poll(memory, (0,), 1, None)
+    assert yields == []
+    assert Spinner(window=5.0, eager_looks=0).poll(memory, (0,), 1, None)
+    assert yields == [1]
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "spin", "eager_looks"),
+    [
+        (2, 1, SPIN_WITH_FREE_CPUS, shm_wait.EAGER_LOOKS),  # a CPU each, the parent's too
+        (2, 2, SPIN_WITH_FREE_CPUS, 0),  # the parent shares a CPU with a worker: no looks
+        (16, 8, SPIN_WITH_FREE_CPUS, shm_wait.EAGER_LOOKS),
+        (2, 4, 0.0, 0),  # workers share CPUs: no polling at all
+    ],
+)
+def test_the_channel_polls_and_looks_by_the_cpus_there_are(
+    monkeypatch: pytest.MonkeyPatch, cpus: int, workers: int, spin: float, eager_looks: int
+) -> None:
+    monkeypatch.setattr(pipe_channel, "usable_cpus", lambda: cpus)
+    channel = pipe_channel.open_channel("shm", workers, None)
+    try:
+        assert isinstance(channel, ShmChannel)
+        assert (channel.spin, channel.eager_looks) == (spin, eager_looks)
+        endpoint = channel.endpoint(0)
+        assert (endpoint.spin, endpoint.eager_looks) == (spin, eager_looks)  # the worker's
+    finally:
+        channel.close()
 
 
 HICCUP = """

@@ -25,6 +25,7 @@ from hwlaunch.executor.mp._shm_channel import (
     ShmEndpoint,
     T,
 )
+from hwlaunch.executor.mp._shm_wait import EAGER_LOOKS
 from hwlaunch.executor.mp._wire import Frame
 from hwlaunch.probes import usable_cpus
 
@@ -125,11 +126,14 @@ Endpoint = PipeEndpoint | ShmEndpoint
 def open_channel(kind: str, world_size: int, spin: float | None) -> Channel:
     """``kind`` is ``shm`` or ``pipe`` (the plan's ``rpc_channel``); ``spin`` None: poll
     only where every worker has a CPU of its own (polling workers would otherwise take CPU from
-    working ones)."""
+    working ones). Looks before a waiting side's first yield only where the parent has one too
+    (``EAGER_LOOKS``)."""
     if kind == "shm":
+        cpus = usable_cpus()
         if spin is None:
-            spin = SPIN_WITH_FREE_CPUS if usable_cpus() >= world_size else 0.0
-        return ShmChannel(world_size, spin=spin)
+            spin = SPIN_WITH_FREE_CPUS if cpus >= world_size else 0.0
+        eager_looks = EAGER_LOOKS if cpus > world_size else 0
+        return ShmChannel(world_size, spin=spin, eager_looks=eager_looks)
     if kind == "pipe":
         return PipeChannel()
     raise ValueError(f"unknown rpc_channel {kind!r} (allowed: shm, pipe)")

@@ -110,7 +110,15 @@ from typing import Any, TypeVar
 
 from hwlaunch.executor.mp._callables import SentCallables
 from hwlaunch.executor.mp._loans import Loans
-from hwlaunch.executor.mp._shm_wait import Spinner, drain, fence, sleep_until, wake, wake_pipe
+from hwlaunch.executor.mp._shm_wait import (
+    EAGER_LOOKS,
+    Spinner,
+    drain,
+    fence,
+    sleep_until,
+    wake,
+    wake_pipe,
+)
 from hwlaunch.executor.mp._wire import Frame
 
 __all__ = ["CHUNK_BYTES", "COPY_MAX_BYTES", "ChannelLost", "ShmChannel", "ShmEndpoint", "Spinner"]
@@ -276,13 +284,15 @@ class ShmChannel:
         readers: int,
         *,
         spin: float,
+        eager_looks: int = EAGER_LOOKS,
         chunk_bytes: int = CHUNK_BYTES,
         chunks: int = CHUNKS,
         slot_bytes: int = SLOT_BYTES,
     ) -> None:
         self.geometry = g = Geometry(readers, chunk_bytes, chunks, slot_bytes)
         self.spin = spin
-        self._spinner = Spinner(spin)
+        self.eager_looks = eager_looks  # for the parent's and the readers' spinners
+        self._spinner = Spinner(spin, eager_looks)
         self.conns: list[Connection] = []  # the ranks' pipes (kept for the executor's watch)
         self.callables = SentCallables()  # the callables every worker holds
         name = f"hwlaunch-{os.getpid()}-rpc"
@@ -314,6 +324,7 @@ class ShmChannel:
             SharedFd(self._reader_wakes[rank][0]),
             SharedFd(self._wake_w),
             self.spin,
+            self.eager_looks,
         )
 
     def child_fds(self, rank: int) -> tuple[int, ...]:
@@ -566,6 +577,7 @@ class ShmEndpoint:
         wake_r: SharedFd,
         parent_wake_w: SharedFd,
         spin: float,
+        eager_looks: int = EAGER_LOOKS,
     ) -> None:
         self.rank = rank
         self.memory = memory  # the ring, the request spill file, this rank's reply spill file
@@ -573,6 +585,7 @@ class ShmEndpoint:
         self.wake_r = wake_r
         self.parent_wake_w = parent_wake_w
         self.spin = spin
+        self.eager_looks = eager_looks
         self._mm: mmap.mmap | None = None
         self._poller: Any = None
         self._taken = 0  # messages taken so far
@@ -612,7 +625,7 @@ class ShmEndpoint:
             self._areas = g.area_at[self.rank]
             self._poller = select.poll()
             self._poller.register(self.wake_r.fd, select.POLLIN)
-            self._spinner = Spinner(self.spin)
+            self._spinner = Spinner(self.spin, self.eager_looks)
         return self._mm
 
     def recv(self) -> memoryview | bytes:
