@@ -3,7 +3,8 @@ removes what the parent leaves behind when it dies without its own exit.
 
 Why a module: a fork server is started with this process's environment and a list of modules
 to import, nothing else. The list's first entries are children of this module, named after a
-path (``_forkserver._setup_modules``), found by the finder below, never on disk:
+path (``_forkserver._clean_up_module`` and ``_env_module``), found by the finder below, never
+on disk:
 
 - ``.t<hex of a folder>``: the parent's ``multiprocessing`` temporary folder, where the
   server's listening socket lies (and those of the workers' own fork servers and managers: a
