@@ -172,13 +172,9 @@ def test_a_temporary_folder_inherited_from_another_process_is_not_the_servers_to
         preload = json.loads(reader.read())
     os.waitpid(pid, 0)
     assert preload == ["torch", *hw_forkserver.EXECUTOR_MODULES]
-    assert (
-        hw_forkserver.server_for({}, ("torch",))
-        ._preload_modules[0]
-        .startswith(  # type: ignore[attr-defined]
-            hw_forkserver.SETUP_MODULE + ".t"
-        )
-    )  # here, the owner: one
+    here = hw_forkserver.server_for({}, ("torch",))
+    first: str = here._preload_modules[0]  # type: ignore[attr-defined]
+    assert first.startswith(hw_forkserver.SETUP_MODULE + ".t")  # here, the owner: one
 
 
 def test_the_server_removes_the_folder_only_once_its_parent_is_gone(tmp_path: Path) -> None:
