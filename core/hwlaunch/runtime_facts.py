@@ -132,45 +132,60 @@ class DeviceFacts:
     probe_error: str | None = None
 
 
-ThreadKind = Literal["python", "openmp", "native"]
+ThreadKind = Literal["python", "native"]
 
 
 @dataclass(frozen=True)
 class ThreadInfo:
     """One thread of this process besides the calling one and hwlaunch's own.
 
-    ``kind``: ``python`` (a ``threading`` thread), ``openmp`` (a worker of an OpenMP pool:
-    GNU libgomp, whose pool a forked child believes it still has), ``native`` (any other thread
-    a library started). ``library``: the shared library a native thread runs in, where it could
-    be told (``libgomp.so.1``, ``libscipy_openblas64_.so``); ``owner``: whose pool it is, where
-    known (``torch``).
+    ``kind``: ``python`` (a ``threading`` thread) or ``native`` (one a library started).
+    ``library``: the shared library file a native thread runs in, where it could be told
+    (``libgomp.so.1``, ``libscipy_openblas64_-32a4b2a6.so``); ``owner``: the package that ships
+    that file (``torch``); ``known_library``: the library hwlaunch recognises in that file
+    (``OpenBLAS``, ``GNU OpenMP pool``, ``Intel OpenMP pool``, ``gRPC``), whose behaviour at fork the
+    rules know. ``running``: the kernel showed the thread on a CPU (or waiting for one) each
+    time it was looked at, so where it runs could not be read.
     """
 
     name: str
     kind: ThreadKind
     library: str | None = None
     owner: str | None = None
+    known_library: str | None = None
+    running: bool = False
 
     def label(self, n: int = 1) -> str:
-        """``'my-poller'``, ``2 of torch's OpenMP pool (libgomp.so.1)``, ``a native thread of
-        numpy (libopenblas.so)``: this thread, or ``n`` threads like it."""
+        """``'my-poller'``, ``2 of torch's GNU OpenMP pool (libgomp.so.1)``, ``a native
+        thread of ray (_raylet.so)``: this thread, or ``n`` threads like it."""
         if self.kind == "python":
             return f"{n} of {self.name!r}" if n > 1 else repr(self.name)
+        count = f"{n}" if n > 1 else "a thread"
+        where = f" ({self.library})" if self.library else " (running)" if self.running else ""
+        if self.known_library:
+            whose = f"{self.owner}'s " if self.owner else ""
+            return f"{count} of {whose}{self.known_library}{where}"
         whose = f" of {self.owner}" if self.owner else ""
-        where = f" ({self.library})" if self.library else ""
-        if self.kind == "openmp":
-            pool = f"{self.owner}'s OpenMP pool" if self.owner else "an OpenMP pool"
-            return f"{n} of {pool}{where}"
         return f"{n} native threads{whose}{where}" if n > 1 else f"a native thread{whose}{where}"
+
+
+def labels(threads: tuple[ThreadInfo, ...]) -> str:
+    """``2 of torch's GNU OpenMP pool (libgomp.so.1), 'my-poller'``: alike threads counted once."""
+    alike: dict[ThreadInfo, int] = {}  # by what the label shows: a native thread's own name
+    for thread in threads:  # (``gcs_client_io_s``) is not part of it
+        key = thread if thread.kind == "python" else replace(thread, name="")
+        alike[key] = alike.get(key, 0) + 1
+    return ", ".join(thread.label(count) for thread, count in alike.items())
 
 
 @dataclass(frozen=True)
 class ThreadFacts:
     """The threads a forked child would not have: every thread of this process but the calling
     one and hwlaunch's own (``planning.threads.OWN_THREADS``: monitors and call threads that
-    only wait in poll or recv and hold no lock a child needs). ``free_threaded``: the
-    interpreter runs without a GIL (``sys._is_gil_enabled()`` is False), so Python threads run
-    truly at once. ``source``:
+    only wait in poll or recv and hold no lock a child needs; ``own`` counts them). Which of the
+    others a fork can stand is the rules' call (``planning.fork_safety``), from the library each
+    one runs in. ``free_threaded``: the interpreter runs without a GIL
+    (``sys._is_gil_enabled()`` is False), so Python threads run truly at once. ``source``:
     where the threads were read (``/proc/self/task``, or ``threading`` where /proc is absent,
     which sees Python threads only)."""
 
@@ -179,28 +194,19 @@ class ThreadFacts:
     free_threaded: bool = False
     source: str = "/proc/self/task"
 
-    @property
-    def openmp(self) -> tuple[ThreadInfo, ...]:
-        """The threads of a started OpenMP pool: a forked child deadlocks in its first
-        parallel region, waiting for them."""
-        return tuple(t for t in self.others if t.kind == "openmp")
-
-    def summary(self) -> str:
-        """``3 threads: 2 of torch's OpenMP pool (libgomp.so.1), 'my-poller'``."""
-        alike: dict[ThreadInfo, int] = {}  # by what the label shows: a native thread's
-        for thread in self.others:  # own name (``gcs_client_io_s``) is not part of it
-            key = thread if thread.kind == "python" else replace(thread, name="")
-            alike[key] = alike.get(key, 0) + 1
-        n = len(self.others)
-        parts = ", ".join(thread.label(count) for thread, count in alike.items())
-        text = f"{n} thread{'s' if n != 1 else ''}: {parts}" if n else "no other threads"
-        return text + (" (free-threaded interpreter)" if self.free_threaded else "")
+    def summary(self, threads: tuple[ThreadInfo, ...] | None = None) -> str:
+        """``3 threads: 2 of torch's GNU OpenMP pool (libgomp.so.1), 'my-poller'``: the other
+        threads, or the given ones among them."""
+        shown = self.others if threads is None else threads
+        n = len(shown)
+        text = f"{n} thread{'s' if n != 1 else ''}: {labels(shown)}" if n else "no other threads"
+        free = self.free_threaded and threads is None
+        return text + (" (free-threaded interpreter)" if free else "")
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "count": len(self.others),
             "threads": [fields_of(t) for t in self.others],
-            "openmp_pool": len(self.openmp),
             "hwlaunch_own": self.own,
             "free_threaded": self.free_threaded,
             "source": self.source,

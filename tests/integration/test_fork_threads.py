@@ -3,8 +3,9 @@ programs that deadlocked under the old default.
 
 A forked child keeps only the thread that forked. After one parallel torch operation in the
 parent, GNU libgomp's pool is started, and a forked worker waits for ever in its first matmul
-for pool threads it does not have; any other thread may hold a lock at the fork that then
-stays locked in the child.
+for pool threads it does not have; a Python thread may hold a lock at the fork that then stays
+locked in the child; numpy's OpenBLAS server stops itself around a fork and is harmless. (What a
+fork really does beside each library's threads: test_fork_beside_libraries.py.)
 """
 
 from __future__ import annotations
@@ -41,9 +42,13 @@ def test_a_started_openmp_pool_makes_the_default_fall_back_to_the_fork_server() 
     assert plan.start_method == "forkserver"
     assert plan.preload == ("torch", "hwlaunch.plugins.cpu.worker")
     assert decision.source == "fact: threads (assumed)"
-    text = "3 threads: 2 of torch's OpenMP pool (libgomp.so.1), 'my-poller'"
+    text = "2 threads: 2 of torch's GNU OpenMP pool (libgomp.so.1) (assumed)"
     assert text in decision.reason
     assert any(f"instead of fork: this process has {text}" in w for w in plan.warnings)
+    threads = plan.decision("threads")
+    assert threads.value == "fatal" and threads.source == "fact: threads (assumed)"
+    assert "fatal: 2 of torch's GNU OpenMP pool (libgomp.so.1): GNU libgomp" in threads.reason
+    assert "risk: 'my-poller': a lock another thread holds" in threads.reason
 
 
 def test_a_python_thread_alone_makes_the_default_fall_back_too() -> None:
@@ -56,6 +61,49 @@ def test_no_other_thread_keeps_fork_without_a_word() -> None:
     plan = plan_with("none", world_size=2)
     assert plan.start_method == "fork"
     assert not [w for w in plan.warnings if "thread" in w]
+    assert plan.decision("threads").value == "none"
+
+
+@pytest.mark.parametrize(
+    ("threads", "shown"),
+    [
+        ("openblas", "a thread of numpy's OpenBLAS (libscipy_openblas64_.so)"),
+        ("openblas:2,iomp:2", "2 of numpy's OpenBLAS (libscipy_openblas64_.so), 2 of Intel"),
+    ],
+)
+def test_known_fork_safe_threads_keep_fork_counted_and_shown_without_a_warning(
+    threads: str, shown: str
+) -> None:
+    plan = plan_with(threads, world_size=2)
+    assert plan.start_method == "fork"
+    assert plan.decision("start_method").source == "rule of backend cpu"
+    assert not [w for w in plan.warnings if "thread" in w]
+    decision = plan.decision("threads")
+    assert decision.value == "safe" and decision.reason.startswith(f"safe: {shown}")
+    assert "OpenBLAS stops its threads in a pthread_atfork handler" in decision.reason
+
+
+def test_an_explicit_fork_beside_known_fork_safe_threads_says_nothing_either() -> None:
+    plan = plan_with("openblas:2,iomp", world_size=2, start_method="fork")
+    assert plan.start_method == "fork" and not plan.warnings
+
+
+def test_safe_threads_beside_a_risky_one_fall_back_naming_only_the_risky_one() -> None:
+    plan = plan_with("openblas,grpc:3", world_size=2)
+    assert plan.start_method == "forkserver"
+    warning = next(w for w in plan.warnings if "instead of fork" in w)
+    assert "this process has 3 threads: 3 of grpc's gRPC (cygrpc.so)" in warning
+    assert "one it inherited fails" in warning and "OpenBLAS" not in warning
+    assert plan.decision("threads").value == "risk"
+
+
+def test_a_thread_the_kernel_showed_running_is_a_risk_whatever_its_library() -> None:
+    from hwlaunch.planning.fork_safety import at_fork
+    from hwlaunch.runtime_facts import ThreadInfo
+
+    busy = ThreadInfo("python", "native", running=True)
+    assert at_fork(busy).verdict == "risk" and "busy pool" in at_fork(busy).why
+    assert busy.label() == "a native thread (running)"
 
 
 def test_an_explicit_fork_beside_a_started_openmp_pool_is_an_error_with_the_fix() -> None:
@@ -63,7 +111,7 @@ def test_an_explicit_fork_beside_a_started_openmp_pool_is_an_error_with_the_fix(
         plan_with("openmp:1", world_size=2, start_method="fork")
     text = str(info.value)
     assert "start method 'fork' from resolve(start_method=) cannot work" in text
-    assert "1 thread: 1 of torch's OpenMP pool" in text
+    assert "1 thread: a thread of torch's GNU OpenMP pool (libgomp.so.1)" in text
     assert "deadlock in their first parallel operation" in text
     assert "Fix: use start method 'forkserver'" in text
     assert "before the first parallel torch operation" in text
@@ -89,7 +137,9 @@ def test_an_unguarded_main_with_a_started_openmp_pool_is_an_error_naming_both() 
     with pytest.raises(hwlaunch.MissingMainGuardError) as info:
         plan_with("openmp:1", world_size=2, assume={"main_guard": "unguarded"})
     text = str(info.value)
-    assert "fork is not an option: this process has 1 thread: 1 of torch's OpenMP pool" in text
+    assert (
+        "fork is not an option: this process has 1 thread: a thread of torch's GNU OpenMP" in text
+    )
     assert "deadlock" in text
 
 
@@ -111,12 +161,14 @@ def test_each_backends_fallback_applies(
 def test_threads_are_in_the_json_plan() -> None:
     facts = plan_with("openmp:2,my-poller", world_size=2).to_dict()["facts"]
     threads = facts["threads"]
-    assert threads["count"] == 3 and threads["openmp_pool"] == 2
-    assert threads["source"] == "assumed" and "threads" in facts["assumed"]
-    assert [t["kind"] for t in threads["threads"]] == ["openmp", "openmp", "python"]
+    assert threads["count"] == 3 and threads["source"] == "assumed"
+    assert "threads" in facts["assumed"]
+    assert [t["kind"] for t in threads["threads"]] == ["native", "native", "python"]
+    known = [t["known_library"] for t in threads["threads"]]
+    assert known == ["GNU OpenMP pool", "GNU OpenMP pool", None]
 
 
-@pytest.mark.parametrize("bad", ["openmp:x", "native:-1", "poller:2"])
+@pytest.mark.parametrize("bad", ["openmp:x", "native:-1", "poller:2", "openblas:two"])
 def test_a_bad_threads_assumption_names_the_value_and_the_syntax(bad: str) -> None:
     with pytest.raises(hwlaunch.ConfigError, match="expected none, or a comma-separated list"):
         plan_with(bad, world_size=2)
@@ -134,7 +186,10 @@ def test_the_cli_shows_the_threads_and_the_fallback() -> None:
     assert proc.returncode == 0, proc.stderr
     plan = json.loads(proc.stdout)
     assert plan["start_method"] == "forkserver"
-    assert plan["facts"]["threads"]["summary"].startswith("3 threads: 2 of torch's OpenMP pool")
+    summary = plan["facts"]["threads"]["summary"]
+    assert summary.startswith("3 threads: 2 of torch's GNU OpenMP pool")
+    threads = next(d for d in plan["decisions"] if d["setting"] == "threads")
+    assert threads["value"] == "fatal" and threads["reason"].startswith("fatal: 2 of torch's")
 
 
 def test_a_plugin_cannot_propose_fork_where_the_rules_refuse_it() -> None:
@@ -177,6 +232,7 @@ from hwlaunch.planning.threads import probe_threads
 seen = {"start": probe_threads().to_dict()}
 import torch
 import time
+seen["after_import"] = probe_threads().to_dict()
 x = torch.randn(256, 256)
 float((x @ x).sum())
 # A pool thread is placed once it sleeps in libgomp; one that a busy machine keeps from running
@@ -184,15 +240,15 @@ float((x @ x).sum())
 deadline = time.monotonic() + 10
 while True:
     seen["after_matmul"] = probe_threads().to_dict()
-    kinds = [t["kind"] for t in seen["after_matmul"]["threads"]]
-    if "openmp" in kinds or time.monotonic() > deadline:
+    known = [t["known_library"] for t in seen["after_matmul"]["threads"]]
+    if "GNU OpenMP pool" in known or time.monotonic() > deadline:
         break
     time.sleep(0.05)
 print(json.dumps(seen))
 """
 
 
-def test_the_probe_sees_torchs_openmp_pool_once_a_parallel_op_ran() -> None:
+def test_the_probe_sees_numpys_openblas_at_import_and_torchs_openmp_pool_after_an_op() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",)}
     proc = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, env=env
@@ -200,9 +256,12 @@ def test_the_probe_sees_torchs_openmp_pool_once_a_parallel_op_ran() -> None:
     assert proc.returncode == 0, proc.stderr
     seen = json.loads(proc.stdout)
     assert seen["start"]["count"] == 0 and seen["start"]["source"] == "/proc/self/task"
-    pool = [t for t in seen["after_matmul"]["threads"] if t["kind"] == "openmp"]
     if (os.cpu_count() or 1) < 2 or len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("one CPU: torch starts no OpenMP pool")
+        pytest.skip("one CPU: neither OpenBLAS nor torch starts a pool")
+    blas = [t for t in seen["after_import"]["threads"] if t["known_library"] == "OpenBLAS"]
+    assert blas and all(t["owner"] == "numpy" and t["kind"] == "native" for t in blas)
+    assert blas[0]["library"].startswith(("libscipy_openblas", "libopenblas"))
+    pool = [t for t in seen["after_matmul"]["threads"] if t["known_library"] == "GNU OpenMP pool"]
     assert pool and all(t["owner"] == "torch" for t in pool)
     assert pool[0]["library"].startswith("libgomp")
 

@@ -67,10 +67,11 @@ def _process_claims(plan: Plan) -> list[str]:
             f"{','.join(offered)}, not {plan.start_method})"
         )
     if "threads" in plan.facts.assumed and plan.start_method == "fork":
+        from hwlaunch.planning.fork_safety import judge_threads
         from hwlaunch.planning.threads import probe_threads
 
         probed = probe_threads()
-        if probed.openmp and not plan.facts.threads.openmp:
+        if judge_threads(probed).fatal and not judge_threads(plan.facts.threads).fatal:
             claims.append(
                 f"threads (assumed {plan.facts.threads.summary()}; this process has "
                 f"{probed.summary()}, and forked workers would hang)"

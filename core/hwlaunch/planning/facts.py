@@ -17,7 +17,13 @@ from hwlaunch._checks import did_you_mean, parse_truthy
 from hwlaunch.errors import ConfigError
 from hwlaunch.planning.launchers import LAUNCHERS, detect_launcher, launcher_of
 from hwlaunch.planning.mainguard import detect_main_guard
-from hwlaunch.planning.threads import probe_threads
+from hwlaunch.planning.threads import (
+    GNU_OPENMP,
+    GRPC,
+    INTEL_OPENMP,
+    OPENBLAS,
+    probe_threads,
+)
 from hwlaunch.planning.threads_budget import THREAD_VARS
 from hwlaunch.probes import usable_cpus
 from hwlaunch.runtime_facts import (
@@ -28,7 +34,6 @@ from hwlaunch.runtime_facts import (
     RuntimeFacts,
     ThreadFacts,
     ThreadInfo,
-    ThreadKind,
 )
 from hwlaunch.spec import START_METHODS, BackendSpec
 
@@ -175,27 +180,32 @@ def _assumed_launcher(raw: object, where: str) -> LauncherInfo:
 
 
 THREADS_HELP = (
-    "expected none, or a comma-separated list of: a Python thread's name, openmp[:N] (N "
-    "threads of a started OpenMP pool), native[:N] (N other native threads), e.g. "
-    "threads=openmp:2,my-poller"
+    "expected none, or a comma-separated list of: a Python thread's name, or a library's "
+    "threads as NAME[:N] (N threads; NAME one of openblas, gomp or openmp (GNU OpenMP, torch's "
+    "pool), iomp (Intel OpenMP), grpc, native (a library hwlaunch does not know)), e.g. "
+    "threads=openblas,gomp:2,my-poller"
 )
-
-
-_ASSUMABLE_KINDS: dict[str, ThreadKind] = {"openmp": "openmp", "native": "native"}
+# What an assumed library thread looks like: as the probe finds it in the wheels users have.
+_ASSUMABLE: dict[str, ThreadInfo] = {
+    "openblas": ThreadInfo("assumed", "native", "libscipy_openblas64_.so", "numpy", OPENBLAS),
+    "gomp": ThreadInfo("assumed", "native", "libgomp.so.1", "torch", GNU_OPENMP),
+    "openmp": ThreadInfo("assumed", "native", "libgomp.so.1", "torch", GNU_OPENMP),
+    "iomp": ThreadInfo("assumed", "native", "libiomp5.so", None, INTEL_OPENMP),
+    "grpc": ThreadInfo("assumed", "native", "cygrpc.so", "grpc", GRPC),
+    "native": ThreadInfo("assumed", "native"),
+}
 
 
 def _assumed_threads(raw: object, where: str, probed: ThreadFacts) -> ThreadFacts:
-    """``threads=openmp:2,my-poller``: the other threads of a process, for what-if."""
+    """``threads=openblas,gomp:2,my-poller``: the other threads of a process, for what-if."""
     text = str(raw).strip()
     items = [] if text in ("", "0", "none") else [part.strip() for part in text.split(",")]
     others: list[ThreadInfo] = []
     for item in items:
         kind, sep, count = item.partition(":")
         n = (int(count) if count.isdigit() else -1) if sep else 1  # -1: not a count
-        if kind in _ASSUMABLE_KINDS and n >= 0:
-            library = "libgomp.so.1" if kind == "openmp" else None
-            owner = "torch" if kind == "openmp" else None
-            others += [ThreadInfo("assumed", _ASSUMABLE_KINDS[kind], library, owner)] * n
+        if kind in _ASSUMABLE and n >= 0:
+            others += [_ASSUMABLE[kind]] * n
         elif item and not sep:
             others.append(ThreadInfo(item, "python"))
         else:

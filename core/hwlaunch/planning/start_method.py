@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
 from hwlaunch.executor_spec import ExecutorSpec
+from hwlaunch.planning.fork_safety import judge_threads, reasons
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import Overrides, Sourced
-from hwlaunch.runtime_facts import REIMPORT_UNSAFE, RuntimeFacts
+from hwlaunch.runtime_facts import REIMPORT_UNSAFE, RuntimeFacts, labels
 from hwlaunch.spec import BackendSpec, StartMethod
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "fork_hazard",
     "judge",
     "main_guard_rule",
+    "note_threads",
     "preload_of",
     "reimport_error",
     "start_method",
@@ -58,34 +60,51 @@ def fork_hazard(spec: BackendSpec, facts: RuntimeFacts) -> ForkHazard | None:
         fix = f"start the workers before anything initializes {spec.name} in this process"
         return ForkHazard(key, why, True, consequence, fix)
     threads = facts.threads
-    if threads.openmp:
+    verdicts = judge_threads(threads)
+    if verdicts.fatal:
         why = (
-            f"this process has {threads.summary()}{facts.mark('threads')}, and a forked child "
-            "keeps only the thread that forks"
+            f"this process has {threads.summary(verdicts.fatal)}{facts.mark('threads')}, and a "
+            "forked child keeps only the thread that forks"
         )
-        consequence = (
-            "forked workers deadlock in their first parallel operation, waiting for OpenMP "
-            "pool threads that do not exist in a child"
-        )
-        fix = (
-            "launch the workers before the first parallel torch operation in this process, or "
-            "set OMP_NUM_THREADS=1 before this process imports torch (no pool is started)"
-        )
-        return ForkHazard("threads", why, True, consequence, fix)
+        fix = reasons(verdicts.fatal, "fix")
+        return ForkHazard("threads", why, True, reasons(verdicts.fatal), fix)
     if facts.in_ray_actor:
         why = (
             "this process is a Ray actor, whose background threads make fork "
             f"unsafe{facts.mark('in_ray_actor')}"
         )
         return ForkHazard("in_ray_actor", why, fatal=False)
-    if threads.others:
+    if verdicts.risk:
         why = (
-            f"this process has {threads.summary()}{facts.mark('threads')}, and a forked child "
-            "keeps only the thread that forks: a lock another thread holds at that moment stays "
-            "locked in the child for ever"
+            f"this process has {threads.summary(verdicts.risk)}{facts.mark('threads')}, and a "
+            f"forked child keeps only the thread that forks: {reasons(verdicts.risk)}"
         )
         return ForkHazard("threads", why, fatal=False)
     return None
+
+
+def note_threads(notes: Notes) -> None:
+    """The threads a fork leaves behind, by verdict: shown in every plan that starts
+    processes, so that a fork kept beside known-safe threads says which and why."""
+    facts = notes.facts
+    threads, verdicts = facts.threads, judge_threads(facts.threads)
+    parts = [
+        f"{verdict}: {labels(group)}: {reasons(group)}"
+        for verdict, group in (
+            ("fatal", verdicts.fatal),
+            ("risk", verdicts.risk),
+            ("safe", verdicts.safe),
+        )
+        if group
+    ]
+    if threads.own:
+        parts.append(
+            f"safe: {threads.own} of hwlaunch's own threads: "
+            "they wait in poll or recv and hold no lock a child needs"
+        )
+    reason = "; ".join(parts) if parts else "no other threads: a fork leaves nothing behind"
+    gravest = verdicts.gravest if verdicts.gravest != "none" or not threads.own else "safe"
+    notes.note("threads", gravest, notes.fact("threads"), reason)
 
 
 @dataclass(frozen=True)
@@ -174,7 +193,9 @@ def start_method(
             notes.warn(f"using start method {method!r} instead of fork: {away}")
     if method == "fork" and spec.start_methods.fork_warning:
         notes.warn(f"backend {spec.name}: {spec.start_methods.fork_warning}")
-    return notes.note("start_method", method, source, reason)  # type: ignore[no-any-return]
+    notes.note("start_method", method, source, reason)
+    note_threads(notes)
+    return method
 
 
 def not_used_reason(executor: ExecutorSpec) -> str:

@@ -45,7 +45,7 @@ from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
 from hwlaunch.executor.mp._messages import CALL, request_head
 from hwlaunch.executor.mp._output_pipes import OutputPipes
 from hwlaunch.executor.mp._pipe_channel import open_channel
-from hwlaunch.executor.mp._quiet_fork import quiet_own_fork
+from hwlaunch.executor.mp._quiet_fork import quiet_safe_fork
 from hwlaunch.executor.mp._shm_channel import ChannelLost, Message, ShmChannel
 from hwlaunch.executor.mp._stack_requests import request_stacks
 from hwlaunch.executor.mp._wire import decode_reply, encode_call
@@ -128,7 +128,7 @@ class MultiprocExecutor(Executor):
         death_r, death_w = ctx.Pipe(duplex=False)
         group.death_w = death_w
         group.channel = open_channel(plan.rpc_channel, plan.world_size, plan.rpc_spin)
-        with quiet_own_fork(plan.start_method):  # the threads are looked at once per launch
+        with quiet_safe_fork(plan.start_method):  # the threads are looked at once per launch
             for rank in range(plan.world_size):
                 options = self._child_options(rank, extension, init_distributed, master_port)
                 self._spawn(ctx, rank, options, death_r, death_w)
