@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 from hwlaunch.executor import _driver_death as driver_death
 from hwlaunch.executor._capture import capture_output
+from hwlaunch.executor._children import start_children_as_a_plain_process
 from hwlaunch.executor._mainprep import (
     STDIN,
     refuse_reimport,
@@ -186,6 +187,7 @@ def worker_main(
     os.environ.update(env)
     _install_liveness(death_r, pdeathsig, parent_pid)
     start_stack_thread(stacks)
+    start_children_as_a_plain_process()  # before __main__'s own set_start_method, if any
     if main is not None:
         _reimport_or_fail(main, conn, plan.start_method)
     _refuse_forked_unsafe_main(plan)
