@@ -46,6 +46,26 @@ def install(sources: Iterable[Path], site: Path) -> Path:
     return site
 
 
+def install_from_index(names: Iterable[str], prefix: Path) -> Path:
+    """pip-install the distributions ``names`` (no dependencies) from the package index into
+    ``prefix``, and return its ``lib`` folder. ``--prefix``, not ``--target``: wheels such as
+    intel-openmp and mkl ship their shared libraries as data files (``<prefix>/lib``), which
+    ``--target`` leaves out."""
+    names = list(names)
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"),
+            *("--no-deps", "--prefix", str(prefix), *names),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        pytest.fail(f"pip install of {', '.join(names)} failed:\n{done.stdout}\n{done.stderr}")
+    return prefix / "lib"
+
+
 def site_environ(
     site: Path | None, drop: tuple[str, ...] = ("HWLAUNCH_",), **env: str
 ) -> dict[str, str]:

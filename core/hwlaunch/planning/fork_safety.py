@@ -14,9 +14,9 @@ docs/threads.md names each test):
 - ``risk``: a fork may work or not, depending on what the thread holds at that moment: any
   Python thread (it may hold a lock), a native thread of a library not in the table, a thread
   the kernel showed running (busy: OpenBLAS's fork handler, for one, hangs the parent when its
-  pool is working for another thread), and gRPC (a child can make channels of its own, but one
-  it inherited fails). The default plan falls back with a warning; an explicit fork is kept,
-  with a warning.
+  pool is working for another thread), and gRPC (a child that does not use it runs; one that
+  calls through it, on a channel of its own or the parent's, fails now and then). The default
+  plan falls back with a warning; an explicit fork is kept, with a warning.
 
 Pure data and functions of the facts: the probe (``planning.threads``) says which library a
 thread runs in, this module what follows.
@@ -62,8 +62,8 @@ AT_FORK: dict[str, AtFork] = {
     ),
     GRPC: AtFork(
         "risk",
-        "gRPC skips its fork handlers while its threads run: a child can open channels of its "
-        "own, but one it inherited fails",
+        "gRPC skips its fork handlers while its threads run: a child that calls through "
+        "gRPC (a channel of its own or the parent's) fails now and then",
     ),
 }
 _PYTHON = AtFork(
