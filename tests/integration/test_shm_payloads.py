@@ -52,7 +52,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def openmp_threads() -> list[Any]:
-    return [t for t in probe_threads().others if t.kind == "openmp"]
+    return [t for t in probe_threads().others if t.known_library == "GNU OpenMP pool"]
 
 
 @pytest.fixture(scope="module", autouse=True)

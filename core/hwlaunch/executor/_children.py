@@ -7,7 +7,9 @@ those re-imported ``__main__`` and torch: a ``DataLoader(num_workers=2)`` took s
 where a plain process's forks in a tenth of one. The worker puts the default back to the
 platform's (fork on Linux before Python 3.14, forkserver from 3.14), which a plain process
 has; code that wants another method for its children still asks for it
-(``get_context("spawn")``, ``DataLoader(multiprocessing_context=...)``).
+(``get_context("spawn")``, ``DataLoader(multiprocessing_context=...)``). The plan says
+otherwise in one case: a forked worker of a program whose ``__main__`` cannot be re-run (an
+unguarded launch, code read from stdin) keeps fork, under which its children need no re-run.
 
 A fork is then unsafe in one case: the worker's own GNU OpenMP pool has started (torch ran a
 parallel operation on more than one thread) and the child runs parallel work, which waits for
@@ -27,10 +29,12 @@ __all__ = ["start_children_as_a_plain_process"]
 _torch_threads = 1  # the worker's, read just before each fork
 
 
-def start_children_as_a_plain_process() -> None:
-    """The platform's default start method for this worker's children, and one torch thread in
-    a forked child where the worker's torch has more."""
-    multiprocessing.set_start_method(None, force=True)  # None: the platform's, chosen lazily
+def start_children_as_a_plain_process(keep_fork: bool) -> None:
+    """The platform's default start method for this worker's children (``keep_fork``: the
+    fork CPython set, for a forked worker whose ``__main__`` a spawn or forkserver child must
+    not re-run), and one torch thread in a forked child where the worker's torch has more."""
+    if not keep_fork:
+        multiprocessing.set_start_method(None, force=True)  # None: the platform's, lazily
     os.register_at_fork(before=_note_torch_threads, after_in_child=_one_torch_thread)
 
 

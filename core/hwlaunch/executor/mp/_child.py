@@ -46,6 +46,7 @@ from hwlaunch.executor.mp._messages import SHUTDOWN
 from hwlaunch.executor.mp._pipe_channel import Endpoint
 from hwlaunch.executor.mp._wire import encode_reply
 from hwlaunch.plan import Plan
+from hwlaunch.runtime_facts import REIMPORT_UNSAFE
 
 PR_SET_PDEATHSIG = 1
 # Not SIGTERM, which the live parent sends to end a worker now: the kernel sends this one when
@@ -187,7 +188,7 @@ def worker_main(
     os.environ.update(env)
     _install_liveness(death_r, pdeathsig, parent_pid)
     start_stack_thread(stacks)
-    start_children_as_a_plain_process()  # before __main__'s own set_start_method, if any
+    start_children_as_a_plain_process(_keeps_fork(plan))  # before __main__'s own set_start_method
     if main is not None:
         _reimport_or_fail(main, conn, plan.start_method)
     _refuse_forked_unsafe_main(plan)
@@ -240,6 +241,16 @@ def _build_worker(
     except BaseException as exc:
         _fail_startup(conn, Failure.current(exc))
     return built[0]
+
+
+def _keeps_fork(plan: Plan) -> bool:
+    """A forked worker whose __main__ no spawn or forkserver child may re-run keeps fork as
+    its children's default (Python 3.14's own default would be forkserver)."""
+    guard = plan.facts.main_guard if plan.facts is not None else None
+    unsafe = guard is not None and (
+        guard.status in REIMPORT_UNSAFE or os.path.basename(guard.file or "") == STDIN
+    )
+    return plan.start_method == "fork" and unsafe
 
 
 def _refuse_forked_unsafe_main(plan: Plan) -> None:
