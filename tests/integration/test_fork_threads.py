@@ -266,6 +266,30 @@ def test_the_probe_sees_numpys_openblas_at_import_and_torchs_openmp_pool_after_a
     assert pool[0]["library"].startswith("libgomp")
 
 
+SPINNING = """
+import json
+import numpy as np
+from hwlaunch.planning.threads import probe_threads
+a = np.random.rand(600, 600)
+float((a @ a).sum())  # OpenBLAS's threads spin about 2**28 CPU cycles before they sleep
+print(json.dumps(probe_threads().to_dict()))
+"""
+
+
+def test_the_probe_waits_for_openblas_threads_spinning_after_a_matmul() -> None:
+    """Probed at once after the matmul, OpenBLAS's threads are still on a CPU (the kernel
+    shows ``running``, no registers); the probe looks again until they sleep, and places them."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: OpenBLAS starts no thread")
+    proc = subprocess.run(
+        [sys.executable, "-c", SPINNING], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    threads = json.loads(proc.stdout)["threads"]
+    assert threads and all(t["known_library"] == "OpenBLAS" for t in threads), threads
+    assert not any(t["running"] for t in threads)
+
+
 # -- real programs -------------------------------------------------------------------------------
 ISSUE_PROGRAM = """
 import json, sys, warnings
@@ -325,6 +349,46 @@ def test_the_issue_program_asking_for_fork_is_refused_before_any_process(
     need_two_cpus()
     seen = run_program(tmp_path, ISSUE_PROGRAM, "fork")
     assert "cannot work" in seen["error"] and "OpenMP pool" in seen["error"]
+
+
+SAFE_THREADS_PROGRAM = """
+import json, sys, warnings
+import torch, hwlaunch
+
+def mm(worker):
+    x = torch.randn(64, 256)
+    return float((x @ x.T).sum())
+
+if __name__ == "__main__":
+    if sys.argv[1] == "numpy-matmul":
+        import numpy as np
+        a = np.random.rand(600, 600)
+        float((a @ a).sum())  # OpenBLAS's threads work, spin a while, then sleep
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = hwlaunch.resolve(world_size=2, backend="cpu")  # at once, while they may spin
+        with hwlaunch.launch(plan, init_distributed=False) as ex:
+            results = ex.collective_rpc(mm, timeout=60)
+    print(json.dumps({
+        "method": plan.start_method, "results": results, "warnings": list(plan.warnings),
+        "threads": plan.decision("threads").value, "reason": plan.decision("threads").reason,
+        "caught": [str(w.message) for w in caught],
+    }))
+"""
+
+
+@pytest.mark.parametrize("case", ["imported-torch", "numpy-matmul"])
+def test_a_driver_with_numpys_openblas_threads_forks_without_a_warning(
+    tmp_path: Path, case: str
+) -> None:
+    """``import torch`` starts numpy's OpenBLAS server (numpy is installed); a numpy matmul
+    just before the launch leaves its threads spinning for about 0.1 s. Either way: fork,
+    and not a word."""
+    seen = run_program(tmp_path, SAFE_THREADS_PROGRAM, case)
+    assert seen["method"] == "fork" and len(seen["results"]) == 2
+    assert seen["warnings"] == [] and seen["caught"] == []
+    if len(os.sched_getaffinity(0)) > 1:  # one CPU: OpenBLAS starts no thread
+        assert seen["threads"] == "safe" and "numpy's OpenBLAS" in seen["reason"]
 
 
 THREADED_PARENT = """
