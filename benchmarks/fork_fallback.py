@@ -1,20 +1,25 @@
-"""What the fork-safety fallback costs: the default plan of a driver that already ran torch.
+"""What the fork-safety fallback costs, and what fork saves where it is safe.
 
     python benchmarks/fork_fallback.py [--rounds 5] [--workers 2]
 
-A driver that ran one parallel torch operation has started torch's OpenMP pool; fork would
-deadlock its workers in their first matmul, so the default plan falls back to forkserver with
-torch preloaded. This measures that plan beside fork in a driver that ran no torch operation
-(where fork is still safe), each in fresh parents, interleaved round by round so that load
-from elsewhere hits both alike:
+Launches: a driver that imported torch (numpy installed, so numpy's OpenBLAS server runs) gets
+fork, since an idle OpenBLAS thread is fork-safe; one that ran one parallel torch operation has
+started torch's GNU OpenMP pool, which would deadlock forked workers, and gets the fallback,
+forkserver with torch preloaded. Each is timed in fresh parents:
 
 - *first launch*: launch() until every worker has answered one matmul (for forkserver this
   includes starting the fork server, which imports torch);
 - *second launch* and *third launch*: later launches in the same parent (the fork server is
   running).
 
-``init_distributed=False``: no process group, so the figures are the start method's cost.
-Prints a markdown table of medians with the ratio to fork.
+A worker's own DataLoader: ``DataLoader(range(8), num_workers=2)`` until its first batch, inside
+a worker started by fork, by forkserver (its children start with the platform's default, fork),
+and by forkserver with the loader asking for forkserver, as every such loader did when a
+worker's default start method was the one that started it.
+
+Every case runs in fresh parents, interleaved round by round so that load from elsewhere hits
+them alike. ``init_distributed=False``: no process group, so the figures are the start
+method's cost. Prints markdown tables of medians with the ratio to the first row.
 """
 
 from __future__ import annotations
@@ -37,25 +42,52 @@ PARENT = textwrap.dedent(
         x = torch.randn(64, 256)
         return float((x @ x.T).sum())
 
-    if __name__ == "__main__":
-        case, workers = sys.argv[1], int(sys.argv[2])
-        if case == "fallback":
+    def loader_start(worker, context):
+        from torch.utils.data import DataLoader
+        start = time.perf_counter()
+        next(iter(DataLoader(range(8), num_workers=2, multiprocessing_context=context)))
+        return time.perf_counter() - start
+
+    def launches(workers, ran_torch_op):
+        if ran_torch_op:
             x = torch.randn(256, 256)
             float((x @ x).sum())  # torch's OpenMP pool starts
-        method = "fork" if case == "fork" else None
         times = []
         for _ in range(3):
             start = time.perf_counter()
-            plan = hwlaunch.resolve(backend="cpu", world_size=workers, start_method=method)
+            plan = hwlaunch.resolve(backend="cpu", world_size=workers)
             with hwlaunch.launch(plan, init_distributed=False) as ex:
                 ex.collective_rpc(mm, timeout=120)
                 times.append(time.perf_counter() - start)
-        print(json.dumps({"method": plan.start_method, "first": times[0], "second": times[1],
-                          "third": times[2]}))
+        return {"method": plan.start_method, "first": times[0], "second": times[1],
+                "third": times[2]}
+
+    def loader(workers, method, context):
+        plan = hwlaunch.resolve(backend="cpu", world_size=workers, executor="mp",
+                                start_method=method)
+        with hwlaunch.launch(plan, init_distributed=False) as ex:
+            return {"method": method, "loader": max(ex.collective_rpc(
+                loader_start, args=(context or None,), timeout=120))}
+
+    if __name__ == "__main__":
+        case, workers = sys.argv[1], int(sys.argv[2])
+        if case in ("imported", "ran_op"):
+            print(json.dumps(launches(workers, case == "ran_op")))
+        else:
+            method, _, context = case.partition(":")
+            print(json.dumps(loader(workers, method, context)))
     """
 )
 PHASES = ("first", "second", "third")
-CASES = {"fork": "fork, driver ran no torch op", "fallback": "default after a torch op"}
+LAUNCHES = {
+    "imported": "default, driver imported torch",
+    "ran_op": "default after a parallel torch op",
+}
+LOADERS = {
+    "fork": "in a worker started by fork",
+    "forkserver": "in a worker started by forkserver",
+    "forkserver:forkserver": "in a forkserver worker, loader by forkserver (the old default)",
+}
 
 
 def one_parent(case: str, workers: int) -> dict[str, float | str]:
@@ -73,26 +105,38 @@ def one_parent(case: str, workers: int) -> dict[str, float | str]:
     return result
 
 
+def table(
+    samples: dict[str, list[dict[str, float | str]]],
+    labels: dict[str, str],
+    phases: tuple[str, ...],
+) -> None:
+    """One row per case: the medians, and their ratio to the first row's."""
+    first = next(iter(labels))
+    base = {p: statistics.median(float(s[p]) for s in samples[first]) for p in phases}
+    print(f"| case | start method | {' | '.join(phases)} |")
+    print(f"|---|---|{'---|' * len(phases)}")
+    for case, label in labels.items():
+        cells = []
+        for phase in phases:
+            value = statistics.median(float(s[phase]) for s in samples[case])
+            cells.append(f"{value * 1000:.0f} ms (x{value / base[phase]:.2f})")
+        print(f"| {label} | {samples[case][0]['method']} | {' | '.join(cells)} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="fresh parents per case")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
-    samples: dict[str, list[dict[str, float | str]]] = {case: [] for case in CASES}
+    cases = [*LAUNCHES, *LOADERS]
+    samples: dict[str, list[dict[str, float | str]]] = {case: [] for case in cases}
     for _ in range(args.rounds):
-        for case in CASES:
+        for case in cases:
             samples[case].append(one_parent(case, args.workers))
-    fork = {phase: statistics.median(float(s[phase]) for s in samples["fork"]) for phase in PHASES}
     print(f"{args.workers} CPU workers, medians of {args.rounds} fresh parents each\n")
-    print("| plan | start method | first launch | second launch | third launch |")
-    print("|---|---|---|---|---|")
-    for case, label in CASES.items():
-        method = samples[case][0]["method"]
-        cells = []
-        for phase in PHASES:
-            value = statistics.median(float(s[phase]) for s in samples[case])
-            cells.append(f"{value * 1000:.0f} ms (x{value / fork[phase]:.2f})")
-        print(f"| {label} | {method} | {' | '.join(cells)} |")
+    table(samples, LAUNCHES, PHASES)
+    print()
+    table(samples, LOADERS, ("loader",))
 
 
 if __name__ == "__main__":
