@@ -129,6 +129,7 @@ def test_dataloader_and_pool_workers_fork_from_a_forkserver_or_spawn_worker(
     """The DataLoader's workers are forked, as children of the worker, from a worker that
     forkserver or spawn started (not by a fork server of the worker's, nor spawned); a Pool child forked after the worker's OpenMP pool started runs torch on
     one thread and finishes its matmul, where it would wait for ever for the pool."""
+    pytest.importorskip("torch")
     if sys.version_info >= (3, 14):
         pytest.skip("forkserver is the platform's default from Python 3.14")
     if len(os.sched_getaffinity(0)) < 2:

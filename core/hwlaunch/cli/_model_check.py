@@ -1,8 +1,8 @@
 """``--model PATH`` checked in the driver before any worker starts, and the parallel mode chosen.
 
-Why without importing transformers: importing it imports torch and numpy, whose OpenBLAS
-server thread makes fork unsafe (hwlaunch's own thread rule would then move the workers to
-forkserver). So the directory and its ``config.json`` are read as files, and the model types
+Why without importing transformers: importing it imports torch and transformers' own modules
+into the driver, seconds of CPU it does not need (the workers import them to load the model),
+and whatever threads they start there are judged at every fork. So the directory and its ``config.json`` are read as files, and the model types
 transformers can load as causal LMs are read from the source of its auto-model table (found as
 import finds it, never run), the way ``worker_extension`` paths are checked.
 """
