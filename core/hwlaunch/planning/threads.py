@@ -72,7 +72,7 @@ KNOWN_LIBRARIES: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 _SYSTEM = re.compile(r"^(libc\.so|libpthread|ld-linux|ld-musl|libc\.musl|\[vdso\]|libstdc\+\+)")
 _PACKAGE = re.compile(r"[/\\](?:site|dist)-packages[/\\]([A-Za-z_][\w]*?)(?:\.libs)?[/\\]")
-_STACK_BYTES = 262144  # how much of a thread's stack, from its pointer up, to read at most
+_STACK_BYTES = 65536  # how much of a thread's stack, from its pointer up, to read at most
 # A thread on a CPU (or waiting for one) shows no registers: look again, backing off from 1 ms,
 # until every thread is placed or this much time has passed for the whole probe. A pool thread
 # spins a while after its work before it sleeps (OpenBLAS about 2**28 CPU cycles, 0.11 s at
