@@ -14,8 +14,8 @@ forkserver with torch preloaded. Each is timed in fresh parents:
 
 A worker's own DataLoader: ``DataLoader(range(8), num_workers=2)`` until its first batch, inside
 a worker started by fork, by forkserver (its children start with the platform's default, fork),
-and by forkserver with the loader asking for forkserver, as every such loader did when a
-worker's default start method was the one that started it.
+and by forkserver with the loader asking for forkserver: CPython's default in such a worker,
+which hwlaunch resets.
 
 Every case runs in fresh parents, interleaved round by round so that load from elsewhere hits
 them alike. ``init_distributed=False``: no process group, so the figures are the start
@@ -86,7 +86,7 @@ LAUNCHES = {
 LOADERS = {
     "fork": "in a worker started by fork",
     "forkserver": "in a worker started by forkserver",
-    "forkserver:forkserver": "in a forkserver worker, loader by forkserver (the old default)",
+    "forkserver:forkserver": "in a forkserver worker, loader by forkserver (CPython's default)",
 }
 
 
