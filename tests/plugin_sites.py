@@ -48,8 +48,9 @@ def install(sources: Iterable[Path], site: Path) -> Path:
 
 def install_from_index(names: Iterable[str], prefix: Path) -> Path:
     """pip-install the distributions ``names`` (no dependencies) from the package index into
-    ``prefix``, and return its ``lib`` folder. ``--prefix``, not ``--target``: wheels such as
-    intel-openmp and mkl ship their shared libraries as data files (``<prefix>/lib``), which
+    ``prefix``, and return it: shared libraries shipped as data files land in ``<prefix>/lib``,
+    packages in ``<prefix>/lib/pythonX.Y/site-packages``. ``--prefix``, not ``--target``:
+    wheels such as intel-openmp and mkl ship their shared libraries as data files, which
     ``--target`` leaves out."""
     names = list(names)
     done = subprocess.run(
@@ -63,7 +64,7 @@ def install_from_index(names: Iterable[str], prefix: Path) -> Path:
     )
     if done.returncode != 0:
         pytest.fail(f"pip install of {', '.join(names)} failed:\n{done.stdout}\n{done.stderr}")
-    return prefix / "lib"
+    return prefix
 
 
 def site_environ(

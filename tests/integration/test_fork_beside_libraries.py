@@ -4,9 +4,10 @@ its live threads.
 Every program starts a library's threads, asks the probe and the rule what they are, then
 forks children that each do the library's work, the parent doing it again after each fork. A
 verdict that were wrong fails its test: a "safe" library whose children hang or fail, a
-"fatal" one whose children finish. intel-openmp and mkl are pip-installed for the tests that
-need them (``plugin_sites.install_from_index``: about 280 MB of wheels, from pip's cache after
-the first run); gRPC comes with Ray, numpy and GNU libgomp with torch.
+"fatal" one whose children finish. intel-openmp, mkl and opencv-python-headless are
+pip-installed for the tests that need them (``plugin_sites.install_from_index``: about 340 MB
+of wheels, from pip's cache after the first run); gRPC comes with Ray, numpy and GNU libgomp
+with torch.
 """
 
 from __future__ import annotations
@@ -156,13 +157,40 @@ def test_a_started_gnu_openmp_pool_is_fatal_its_children_hang(tmp_path: Path) ->
     ended(seen["children"], "hung")
 
 
+def test_opencvs_own_openblas_is_safe_too(tmp_path: Path) -> None:
+    """opencv-python bundles an OpenBLAS of its own (``libopenblasp-r0-*.so``), whose server
+    starts at ``import cv2``: vLLM's driver has it beside numpy's. cv2's gemm and SVD solve run
+    on it, in 20 children and the parent."""
+    site = install_from_index(["opencv-python-headless"], tmp_path / "opencv")
+    packages = site / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    seen = run(
+        tmp_path,
+        """
+        import numpy as np
+        import cv2
+        a = np.random.rand(600, 600)
+        def work():
+            cv2.gemm(a, a, 1.0, None, 0.0)
+            cv2.solve(a[:200, :200], a[:200, :1], flags=cv2.DECOMP_SVD)
+        work()
+        found = [t for t in probe_threads().others if (t.library or "").startswith("libopenblasp")]
+        seen = {"threads": len(found), "verdicts": sorted({at_fork(t).verdict for t in found})}
+        seen["children"] = forks(work, 20)
+        print(json.dumps(seen))
+        """,
+        PYTHONPATH=str(packages),
+    )
+    assert seen["threads"] >= 1 and seen["verdicts"] == ["safe"]
+    ended(seen["children"], 0)
+
+
 @pytest.fixture(scope="module")
 def intel_libs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """libiomp5.so and MKL's libraries, pip-installed (removed after the module)."""
     import shutil
 
     prefix = tmp_path_factory.mktemp("intel")
-    yield install_from_index(["intel-openmp", "mkl"], prefix)
+    yield install_from_index(["intel-openmp", "mkl"], prefix) / "lib"
     shutil.rmtree(prefix, ignore_errors=True)
 
 
