@@ -114,8 +114,9 @@ def test_openblas_idle_is_safe_its_children_and_the_parent_run_matmuls(tmp_path:
 
 def test_openblas_busy_is_a_risk_its_fork_handler_hangs_the_parent(tmp_path: Path) -> None:
     """While another thread runs a matmul, OpenBLAS's threads are on a CPU: the kernel gives
-    no registers, the probe cannot place them, and the rule calls them a risk. Rightly: the
-    fork's own handler (blas_thread_shutdown) then waits for ever, in the parent."""
+    no registers, the probe cannot place them, and the rule calls them a risk. Rightly: a fork
+    then may hang, in the fork's own handler (blas_thread_shutdown) in the parent; 7 of 8 such
+    programs here hung within 5 forks. Of 30 forks, one hangs (in the parent or a child)."""
     program = """
         import threading
         import numpy as np
@@ -128,16 +129,21 @@ def test_openblas_busy_is_a_risk_its_fork_handler_hangs_the_parent(tmp_path: Pat
         found = [t for t in probe_threads().others if t.kind == "native"]
         print(json.dumps({"verdicts": sorted({at_fork(t).verdict for t in found}),
                           "running": [t.running for t in found]}), flush=True)
-        print(json.dumps({"forked": forks(lambda: None, 5, limit=5)}), flush=True)
+        print(json.dumps({"forked": forks(lambda: None, 30, limit=5)}), flush=True)
         """
     script = tmp_path / "busy.py"
     script.write_text(HARNESS + textwrap.dedent(program))
-    with pytest.raises(subprocess.TimeoutExpired) as hung:
-        subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=20)
-    lines = (hung.value.stdout or b"").decode().splitlines()  # type: ignore[union-attr]
-    assert len(lines) == 1, lines  # nothing after the fork: the parent hangs in it
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=30
+        )
+        lines = done.stdout.splitlines()
+    except subprocess.TimeoutExpired as hung:  # the parent hangs in a fork
+        lines = (hung.stdout or b"").decode().splitlines()  # type: ignore[union-attr]
     seen = json.loads(lines[0])
     assert seen["verdicts"] == ["risk"] and all(seen["running"]), seen
+    if len(lines) > 1:  # every fork returned in the parent: a child must have hung
+        assert "hung" in json.loads(lines[1])["forked"], lines
 
 
 def test_a_started_gnu_openmp_pool_is_fatal_its_children_hang(tmp_path: Path) -> None:
@@ -277,7 +283,7 @@ GRPC = """
     time.sleep(0.3)
     seen = verdicts("gRPC")
     seen["plain"] = forks(lambda: sum(range(1000)), 5)
-    seen["grpc"] = forks(fresh, 10) + forks(lambda: call(kept), 10)
+    seen["grpc"] = forks(fresh, 10) + forks(lambda: call(kept), 30)
     server.kill()
     print(json.dumps(seen))
     """
