@@ -13,7 +13,7 @@ docs/threads.md names each test):
   back; an explicit fork is an error.
 - ``risk``: a fork may work or not, depending on what the thread holds at that moment: any
   Python thread (it may hold a lock), a native thread of a library not in the table, a thread
-  the kernel showed running (busy: OpenBLAS's fork handler, for one, hangs the parent when its
+  the kernel showed running (busy: OpenBLAS's fork handler, for one, may hang the parent when its
   pool is working for another thread), and gRPC (a child that does not use it runs; one that
   calls through it, on a channel of its own or the parent's, fails now and then). The default
   plan falls back with a warning; an explicit fork is kept, with a warning.
@@ -73,7 +73,7 @@ _UNKNOWN = _PYTHON
 _RUNNING = AtFork(
     "risk",
     "a thread on a CPU cannot be placed, and a busy pool is not what it is when idle "
-    "(OpenBLAS's fork handler hangs the parent while its threads work for another thread)",
+    "(OpenBLAS's fork handler may hang the parent while its threads work for another thread)",
 )
 
 
