@@ -4,7 +4,8 @@ what 200 launch/RPC/shutdown cycles leave behind.
     python benchmarks/reliability.py --out benchmarks/results/reliability.json
 
 For each start method it injects real faults into real processes (a worker SIGKILLed during a
-long RPC, one calling ``os._exit(3)``, one segfaulting through ctypes, an RPC past its timeout,
+long RPC, one calling ``os._exit(3)``, one segfaulting through ctypes, an RPC past its timeout
+(every rank asleep, or rank 1 holding the GIL in a C call, or stopped by SIGSTOP),
 rank 2 of 4 failing to start, Ctrl-C in the parent, the parent itself SIGKILLed or SIGTERMed)
 and measures, with medians over ``--reps`` repetitions, the time from the fault to the error the
 caller sees and to the moment no worker process is left. Then it runs the 200 cycles of
@@ -55,7 +56,11 @@ def fault(worker: hwlaunch.Worker, kind: str) -> None:
 
         dist.barrier()
         return
-    if worker.rank != 1 or kind in ("sleep", "sigkill", "collective"):
+    if worker.rank == 1 and kind == "gil":  # a C call that keeps the GIL: no thread of it runs
+        ctypes.PyDLL(None).sleep(120)
+    if worker.rank == 1 and kind == "stopped":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    if worker.rank != 1 or kind in ("sleep", "sigkill", "collective", "gil", "stopped"):
         time.sleep(120)
         return
     Path(os.environ[STAMP]).write_text(repr(time.time()))
@@ -173,14 +178,17 @@ def worker_fault(method: str, kind: str, stamp: Path) -> Sample:
     return {"detect_s": raised - start, "all_gone_s": gone - start}
 
 
-def rpc_timeout(method: str, stamp: Path) -> Sample:
+def rpc_timeout(method: str, stamp: Path, kind: str = "sleep") -> Sample:
+    """Every rank busy past the timeout; with ``kind`` gil or stopped, rank 1 cannot answer
+    for its stack (its stack comes from py-spy, read from outside the process)."""
     executor = launch(method)
     pids = [p for p in executor.pids if p is not None]
     start = time.time()
     try:
-        executor.collective_rpc(fault, args=("sleep",), timeout=RPC_TIMEOUT)
-    except RpcTimeoutError:
+        executor.collective_rpc(fault, args=(kind,), timeout=RPC_TIMEOUT)
+    except RpcTimeoutError as exc:
         raised = time.time()
+        read = "in fault" in exc.stacks.get(1, "")  # where rank 1 was; else a line saying why
     else:
         raise AssertionError("no RpcTimeoutError")
     gone = wait_gone(pids)
@@ -188,6 +196,7 @@ def rpc_timeout(method: str, stamp: Path) -> Sample:
     return {
         "past_timeout_s": raised - start - RPC_TIMEOUT,
         "all_gone_s": gone - start - RPC_TIMEOUT,
+        "stack_read": float(read),
     }
 
 
@@ -387,6 +396,18 @@ FAULTS = (
         rpc_timeout,
     ),
     Fault(
+        f"RPC hangs, rank 1 holds the GIL in a C call (timeout={RPC_TIMEOUT:g}s)",
+        "RpcTimeoutError with rank 1's stack (py-spy); SIGTERM, SIGKILL 0.1 s later if need be",
+        "past_timeout_s",
+        lambda m, s: rpc_timeout(m, s, "gil"),
+    ),
+    Fault(
+        f"RPC hangs, rank 1 stopped by SIGSTOP (timeout={RPC_TIMEOUT:g}s)",
+        "RpcTimeoutError with rank 1's stack (py-spy); SIGTERM, then SIGCONT",
+        "past_timeout_s",
+        lambda m, s: rpc_timeout(m, s, "stopped"),
+    ),
+    Fault(
         "rank 2 of 4 fails to initialize",
         "WorkerStartupError(rank 2) with its traceback; ranks 0, 1, 3 are gone when it is raised",
         "detect_s",
@@ -446,6 +467,12 @@ def bound(summary: dict[str, dict[str, float]], metric: str) -> str:
     return text
 
 
+def stacks_read(samples: list[Sample]) -> str:
+    """``; rank 1's stack in N of M``, for the faults that read it."""
+    read = [s["stack_read"] for s in samples if "stack_read" in s]
+    return f"; rank 1's stack in {sum(read):.0f} of {len(read)}" if read else ""
+
+
 def recovery(reps: int, cycles: int) -> dict[str, Any]:
     """The figures of benchmarks/_recovery.py, printed as markdown tables."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -487,6 +514,11 @@ def arguments() -> argparse.Namespace:
         help="only the recovery figures (restarts, process-tree cleanup, kill/restart cycles)",
     )
     parser.add_argument("--cycles", type=int, default=100, help="kill/restart cycles")
+    parser.add_argument(
+        "--only",
+        metavar="TEXT",
+        help="only the faults whose name holds TEXT ('' for all; no 200 cycles, no recovery)",
+    )
     return parser.parse_args()
 
 
@@ -503,7 +535,7 @@ def fault_row(item: Fault, method: str, reps: int, stamp: Path) -> dict[str, Any
             for pid in our_workers():  # leave nothing behind for the next one
                 psutil.Process(pid).kill()
     summary = summarize(samples) if samples else {}
-    text = bound(summary, item.metric) if samples else "no sample"
+    text = bound(summary, item.metric) + stacks_read(samples) if samples else "no sample"
     if failures:
         text += f"; FAILED {len(failures)} of {reps}: {failures[0]}"
     return {
@@ -517,13 +549,13 @@ def fault_row(item: Fault, method: str, reps: int, stamp: Path) -> dict[str, Any
     }
 
 
-def fault_rows(methods: list[str], reps: int) -> list[dict[str, Any]]:
+def fault_rows(methods: list[str], reps: int, only: str | None = None) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as folder:
         stamp = Path(folder) / "fault-time"
         os.environ[STAMP] = str(stamp)
         for method in methods:
-            for item in FAULTS:
+            for item in (f for f in FAULTS if only is None or only in f.name):
                 rows.append(fault_row(item, method, reps, stamp))
                 print(f"{item.name} [{method}]: {rows[-1]['measured_bound']}", file=sys.stderr)
     return rows
@@ -568,8 +600,8 @@ def main() -> None:
         write(args.out, {"tree": tree_state(), "recovery": recovery(args.reps, args.cycles)})
         return
     # The cycles first, so that "before" is a parent that never launched anything.
-    soaked = None if args.skip_soak else soak()
-    rows = fault_rows(args.methods, args.reps)
+    soaked = None if args.skip_soak or args.only is not None else soak()
+    rows = fault_rows(args.methods, args.reps, args.only)
     result: dict[str, Any] = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -585,7 +617,8 @@ def main() -> None:
     }
     if soaked is not None:
         result["soak_200_cycles"] = soaked
-    result["recovery"] = recovery(args.reps, args.cycles)
+    if args.only is None:
+        result["recovery"] = recovery(args.reps, args.cycles)
     print_faults(rows, args.reps, soaked)
     write(args.out, result)
 

@@ -4,8 +4,15 @@ so that both see the same plugins."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
-from collections.abc import Mapping
+import sys
+import sysconfig
+import threading
+import time
+import traceback
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 
@@ -17,6 +24,10 @@ ENV_ALLOW = "HWLAUNCH_PLUGINS"
 ENV_BLOCK = "HWLAUNCH_DISABLE_PLUGINS"
 ENV_STRICT = "HWLAUNCH_STRICT_PLUGINS"
 PLUGIN_VARIABLES = (ENV_ALLOW, ENV_BLOCK, ENV_STRICT)  # every variable of plugin selection
+PLUGIN_SLOW = 5.0  # seconds a plugin's load may take before it is named, while it goes on
+SLOW_PLUGIN_THREAD = "hwlaunch-plugin-watch"
+log = logging.getLogger("hwlaunch")
+_STDLIB = sysconfig.get_paths()["stdlib"] + os.sep
 
 
 def _split_env(value: str) -> list[str]:
@@ -76,3 +87,109 @@ def selected_entry_points(
     selection = select_plugins(environ)
     skipped = [f"{name} (excluded by {why})" for name, why in selection.excluded.items()]
     return selection.chosen, skipped
+
+
+@dataclass(frozen=True)
+class _Load:
+    ep: EntryPoint
+    who: str
+    started: float
+    thread: int  # ident of the thread loading it
+    number: int
+
+
+class SlowLoads:
+    """Names a plugin whose load (import and hook) has taken ``PLUGIN_SLOW`` seconds, where it
+    is and how to skip it, while the load goes on: a plugin that hangs at import would
+    otherwise hang every command that loads plugins, with no word of which one.
+
+    One thread for a whole round of loads (``with SlowLoads() as loads``, then each plugin in
+    ``loads.loading(ep, who)``), ended before the ``with`` block does, even when a load raises,
+    and waited for until the kernel no longer lists it: no thread is left in this process to
+    change what a later fork would inherit (``planning.threads`` reads ``/proc/self/task``).
+    It imports nothing while a plugin loads (that module's import lock may be held) and writes
+    one log record per slow plugin.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._current: _Load | None = None
+        self._loads = 0
+        self._done = False
+        self._thread = threading.Thread(target=self._run, name=SLOW_PLUGIN_THREAD, daemon=True)
+
+    def __enter__(self) -> SlowLoads:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._done = True
+            self._cond.notify()
+        self._thread.join()
+        _wait_gone(self._thread.native_id)
+
+    @contextlib.contextmanager
+    def loading(self, ep: EntryPoint, who: str) -> Iterator[None]:
+        """Load the plugin of ``ep`` (described as ``who``) in the block."""
+        with self._cond:
+            self._loads += 1
+            self._current = _Load(ep, who, time.monotonic(), threading.get_ident(), self._loads)
+            self._cond.notify()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._current = None
+
+    def _run(self) -> None:
+        warned = 0
+        with self._cond:
+            while not self._done:
+                load = self._current
+                if load is None or load.number == warned:
+                    self._cond.wait()
+                    continue
+                left = load.started + PLUGIN_SLOW - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                warned = load.number
+                _name(load)
+
+
+def _name(load: _Load) -> None:
+    frame = sys._current_frames().get(load.thread)
+    where = ""
+    if frame is not None:
+        stack = traceback.extract_stack(frame)
+        # The innermost frame of code of its own (the plugin's, its SDK's), past the standard
+        # library's waits and the import machinery.
+        own = [f for f in stack if not _standard(f.filename)]
+        last = (own or stack)[-1]
+        where = f", now at {last.filename}:{last.lineno} in {last.name}"
+    log.warning(
+        "hwlaunch: %s has been loading (%s) for %gs and goes on%s. If it hangs, skip it: %s=%s",
+        load.who,
+        load.ep.value,
+        PLUGIN_SLOW,
+        where,
+        ENV_BLOCK,
+        load.ep.name,
+    )
+
+
+def _wait_gone(native_id: int | None, limit: float = 0.1) -> None:
+    """Until the kernel no longer lists the thread (it lingers a moment after ``join``)."""
+    if native_id is None:
+        return
+    deadline = time.monotonic() + limit
+    while os.path.exists(f"/proc/self/task/{native_id}") and time.monotonic() < deadline:
+        time.sleep(0.0005)
+
+
+def _standard(path: str) -> bool:
+    """Whether ``path`` is the standard library's (not a site-packages folder inside it)."""
+    if path.startswith("<frozen"):
+        return True
+    return path.startswith(_STDLIB) and f"-packages{os.sep}" not in path

@@ -8,3 +8,6 @@ DEFAULT_RPC_CHANNEL = "shm"  # measured faster than pipes (docs/performance.md, 
 # Seconds a waiting side of the shm channel polls before it blocks, where every worker has a CPU
 # of its own; where they do not, polling workers would take CPU from working ones.
 SPIN_WITH_FREE_CPUS = 0.05
+# The size of each of a worker's two reply areas in the shm channel (a reply that does not fit
+# goes to a spill file): what the room rule counts as each worker's shared memory.
+SHM_REPLY_BYTES = 4 * 1024 * 1024

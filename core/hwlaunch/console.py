@@ -10,6 +10,8 @@ from __future__ import annotations
 import string
 from collections.abc import Iterable
 
+from hwlaunch._checks import text_int
+
 __all__ = [
     "DEFAULT_CONSOLE_PREFIX",
     "PREFIX_FIELDS",
@@ -86,11 +88,10 @@ def _rank(raw: object, value: object) -> int:
 def _rank_part(part: str) -> list[int]:
     text = part.strip()
     first, dash, last = text.partition("-")
-    try:
-        low = int(first)
-        high = int(last) if dash else low
-    except ValueError:
-        raise ValueError(f"{text!r} is not a rank or a range like 2-3") from None
+    low = text_int(first)
+    high = text_int(last) if dash else low
+    if low is None or high is None:
+        raise ValueError(f"{text!r} is not a rank or a range like 2-3")
     low, high = _rank(text, low), _rank(text, high)
     if high < low:
         raise ValueError(f"range {text!r} ends before it starts")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from hwlaunch._checks import did_you_mean
+from hwlaunch._checks import did_you_mean, env_value_problem
 from hwlaunch.errors import PluginError
 from hwlaunch.plan import Decision, Plan
 from hwlaunch.runtime_facts import RuntimeFacts
@@ -90,10 +90,13 @@ def _checked(setting: str, value: Any, what: str) -> Any:
         raise PluginError(f"{what}: must be a non-empty string")
     if setting == "env":
         if not isinstance(value, Mapping) or not all(
-            isinstance(k, str) and _ENV_NAME.match(k) and isinstance(v, str)
-            for k, v in value.items()
+            isinstance(k, str) and _ENV_NAME.match(k) for k in value
         ):
             raise PluginError(f"{what}: must map environment variable names to strings")
+        for key, text in value.items():
+            problem = env_value_problem(text)
+            if problem is not None:
+                raise PluginError(f"{what}: {key} = {problem}")
         return dict(value)
     if setting == "preload":
         if (

@@ -64,6 +64,51 @@ class WorkerError(HwlaunchError):
         return (type(self), (self.rank, self.exc_type, self.message, self.remote_traceback))
 
 
+class ReplyDecodeError(WorkerError):
+    """The driver could not decode (unpickle) a rank's reply: the worker raised nothing, its
+    result holds an object the driver cannot rebuild (a class only the workers can import).
+    ``remote_traceback`` is the driver's own, of the decoding. The executor stays usable."""
+
+    def __init__(
+        self,
+        rank: int,
+        exc_type: str,
+        message: str,
+        remote_traceback: str,
+        label: str = "",
+        others: str = "",
+    ) -> None:
+        self.rank = rank
+        self.exc_type = exc_type
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.label = label
+        self.others = others
+        call = f" to collective_rpc {label!r}" if label else ""
+        HwlaunchError.__init__(
+            self,
+            f"the driver could not decode rank {rank}'s reply{call}: {exc_type}: {message}"
+            f"{others}. The result was pickled in the worker and cannot be unpickled here; "
+            "return plain data (numbers, strings, lists, dicts, tensors), or make its class "
+            "importable in the driver too\n"
+            f"--- the driver's traceback (decoding rank {rank}'s reply) ---\n"
+            f"{remote_traceback.rstrip()}",
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (
+                self.rank,
+                self.exc_type,
+                self.message,
+                self.remote_traceback,
+                self.label,
+                self.others,
+            ),
+        )
+
+
 class WorkerDiedError(HwlaunchError):
     """A worker process (or Ray actor) ended while it was expected to be alive.
 

@@ -218,6 +218,29 @@ NO_THREADS = ThreadFacts()
 
 
 @dataclass(frozen=True)
+class Limit:
+    """How much more of something this process may take now (``free``: tasks, descriptors or
+    bytes; below 0 where it is over already), and the limit that says so, by name."""
+
+    free: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Room:
+    """What this machine has room for now, each the tightest limit that applies (None: no
+    limit was found): tasks (processes and threads), this process's file descriptors, memory
+    in bytes. Read by the rule that refuses a world size beyond them (``planning.room``)."""
+
+    tasks: Limit | None = None
+    fds: Limit | None = None
+    memory: Limit | None = None
+
+
+NO_LIMITS = Room()
+
+
+@dataclass(frozen=True)
 class RuntimeFacts:
     """What is true in this process when it resolves: the inputs the rules read besides specs
     and settings. ``assumed`` names the facts that were assumed (what-if) rather than probed."""
@@ -233,6 +256,7 @@ class RuntimeFacts:
     # the driver's environment sets them: the inputs of the CPU thread budget.
     usable_cpus: int = 1
     thread_env: Mapping[str, str] = field(default_factory=dict)
+    room: Room = NO_LIMITS
     assumed: frozenset[str] = field(default_factory=frozenset)
 
     def mark(self, key: str) -> str:

@@ -15,7 +15,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from hwlaunch import contract
-from hwlaunch._checks import is_env_name
+from hwlaunch._checks import env_value_problem, is_env_name
 from hwlaunch.errors import PluginError
 
 StartMethod = Literal["fork", "spawn", "forkserver"]
@@ -159,10 +159,12 @@ class BackendSpec:
         if not isinstance(self.ray_resource, str) or not self.ray_resource:
             raise _fail("ray_resource", f"{self.ray_resource!r} must be a non-empty string")
         env: Any = self.worker_env
-        if not isinstance(env, Mapping) or not all(
-            is_env_name(k) and isinstance(v, str) for k, v in env.items()
-        ):
+        if not isinstance(env, Mapping) or not all(is_env_name(k) for k in env):
             raise _fail("worker_env", "must map environment variable names to strings")
+        for key, value in env.items():
+            problem = env_value_problem(value)
+            if problem is not None:
+                raise _fail("worker_env", f"{key} = {problem}")
         object.__setattr__(self, "worker_env", MappingProxyType(dict(env)))
         self._check_binding()
         self._check_environment()

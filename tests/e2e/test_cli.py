@@ -139,7 +139,7 @@ def test_resolve_table_for_people(clean_env: Path) -> None:
         ),
         (["resolve"], {"hwlaunch.toml": "world_size = 'x'\n"}, "from hwlaunch.toml:1"),
         (["resolve"], {"hwlaunch.toml": "[backends.cdua]\n"}, "did you mean 'cuda'?"),
-        (["resolve"], {"hwlaunch.toml": "world_size = \n"}, "is not valid TOML"),
+        (["resolve"], {"hwlaunch.toml": "world_size = \n"}, "hwlaunch.toml:1:14: not valid TOML"),
     ],
 )
 def test_user_errors_exit_2_with_one_message(

@@ -418,10 +418,37 @@ def test_startup_failure_gives_remote_traceback_and_cleans_up(connected: Any) ->
     ("overrides", "resource", "expected"),
     [
         ({"world_size": 5, "executor": "ray"}, None, "4 CPU in total on 2 node(s): 1 CPU missing"),
-        ({"world_size": 3, "nnodes": 3}, None, "needs 3 distinct nodes with CPU"),
+        ({"world_size": 10**9, "executor": "ray"}, None, "use world_size <= 4"),
         ({"world_size": 2, "executor": "ray"}, "HPU", "the cluster has no 'HPU' resource at all"),
     ],
-    ids=["too-few-cpus", "too-few-nodes", "no-such-resource"],
+    ids=["too-few-cpus", "far-too-many", "no-such-resource"],
+)
+def test_a_world_size_the_cluster_cannot_hold_is_refused_at_once(
+    connected: Any, overrides: dict[str, Any], resource: str | None, expected: str
+) -> None:
+    """Fewer of the resource in the whole cluster than ranks: refused before any placement
+    group (or a bundle per rank) is made, without waiting out ray_pg_timeout."""
+    plan = cluster_plan(**overrides)
+    if resource:
+        plan = dataclasses.replace(plan, ray_resource=resource)
+    groups = set(our_placement_groups())
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailableError) as info:
+        RayExecutor(plan).start()
+    assert time.monotonic() - started < 3.0
+    message = str(info.value)
+    world = overrides["world_size"]
+    assert message.startswith(f"Ray cannot place world_size {world} (from ") and expected in message
+    assert "Fix:" in message
+    assert set(our_placement_groups()) == groups  # none made
+
+
+@pytest.mark.parametrize(
+    ("overrides", "resource", "expected"),
+    [
+        ({"world_size": 3, "nnodes": 3}, None, "needs 3 distinct nodes with CPU"),
+    ],
+    ids=["too-few-nodes"],
 )
 def test_unsatisfiable_placement_group_fails_clearly_within_its_timeout(
     connected: Any,

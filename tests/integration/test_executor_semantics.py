@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -50,6 +51,15 @@ class HangsInInit:
 
 def a_lock(worker: Worker) -> Any:
     return threading.Lock()
+
+
+def only_in_workers(worker: Worker, folder: str) -> Any:
+    """An object of a class that only the workers can import: its module is on their path."""
+    Path(folder, "only_in_workers.py").write_text("class Token:\n    pass\n")
+    sys.path.insert(0, folder)
+    import only_in_workers  # type: ignore[import-not-found]
+
+    return only_in_workers.Token()
 
 
 def exit_on_rank0(worker: Worker) -> None:
@@ -142,6 +152,28 @@ class Semantics:
             executor.collective_rpc(a_lock)
         assert info.value.exc_type == "TypeError"
         assert "cannot pickle '_thread.lock' object" in info.value.message
+        assert executor.collective_rpc(lambda worker: worker.rank) == [0, 1]  # still usable
+
+    def test_a_reply_the_driver_cannot_decode_blames_the_driver(
+        self, kind: str, started: list[Executor], tmp_path: Path
+    ) -> None:
+        """The worker raised nothing: its result holds a class the driver cannot import. The
+        error says the driver could not decode the reply, and why, with the driver's own
+        traceback; the executor stays usable."""
+        if kind == "uni":
+            pytest.skip("the uni worker's results stay in the caller's process: nothing pickles")
+        executor = launch(kind, started, init_distributed=False)
+        with pytest.raises(WorkerError) as info:
+            executor.collective_rpc(only_in_workers, args=(str(tmp_path),))
+        message = str(info.value)
+        assert message.startswith(
+            "the driver could not decode rank 0's reply to collective_rpc 'only_in_workers': "
+            "ModuleNotFoundError: No module named 'only_in_workers'"
+        ), message
+        assert "rank 0 raised" not in message and "(ranks [1] failed too)" not in message
+        assert "rank 1's reply could not be decoded either" in message
+        assert info.value.rank == 0 and info.value.exc_type == "ModuleNotFoundError"
+        assert "--- the driver's traceback (decoding rank 0's reply) ---" in message
         assert executor.collective_rpc(lambda worker: worker.rank) == [0, 1]  # still usable
 
     def test_worker_death_is_worker_died(self, kind: str, started: list[Executor]) -> None:

@@ -193,7 +193,26 @@ def test_restart_replays_setup_then_budget_runs_out(
     with pytest.raises(WorkerDiedError) as again:
         executor.collective_rpc("ping")
     assert again.value is final
+    assert executor.closed  # as every call says
     assert not any(running(p) for p in processes(new_pids))
+
+
+@pytest.mark.parametrize("max_restarts", [0, 1])
+def test_an_executor_whose_budget_is_spent_says_it_is_closed(
+    max_restarts: int, tracker: Tracker
+) -> None:
+    """Deaths between calls, one more than the budget: ``closed`` turns True by itself, before
+    any call asks, and every call then raises the WorkerDiedError that ended it."""
+    executor = tracker.launch("fork", max_restarts=max_restarts)
+    for restart in range(max_restarts + 1):
+        wait_until(lambda n=restart: executor.restarts == n, 60, f"restart {restart}")
+        assert not executor.closed
+        pids = tracker.seen(executor)
+        os.kill(pids[1], signal.SIGKILL)
+    wait_until(lambda: executor.closed, 60, "the executor to say it is closed")
+    with pytest.raises(WorkerDiedError) as info:
+        executor.collective_rpc("ping")
+    assert info.value.rank == 1 and not info.value.restarted
 
 
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
@@ -257,4 +276,6 @@ def test_call_past_its_timeout_restarts_the_group(tracker: Tracker, tmp_path: Pa
     assert info.value.restarted and executor.restarts == 1
     assert set(tracker.seen(executor)).isdisjoint(old)
     assert executor.collective_rpc("all_reduce_rank") == [1, 1]
-    assert "did not answer collective_rpc 'block' within 1s" in executor.plan.warnings[-1]
+    note = executor.plan.warnings[-1]
+    assert "did not answer collective_rpc 'block' within 1s" in note
+    assert f"worker rank 0 (pid {old[0]}) failed" in note  # the real pid, not None

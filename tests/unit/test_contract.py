@@ -319,6 +319,7 @@ def test_start_method_proposal_ignored_outside_mp() -> None:
         ("start_method", "thread", "not a start method"),
         ("worker", "pkg.mod.Class", "import path"),
         ("env", {"BAD NAME": "1"}, "environment variable names"),
+        ("env", {"GOOD": "a\0b"}, "GOOD = 'a\\x00b' holds a NUL character"),
         ("preload", "torch", "tuple of module names"),
     ],
 )

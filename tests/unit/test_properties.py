@@ -524,6 +524,7 @@ def test_backend_spec_is_valid_or_a_plugin_error(fields: dict[str, Any]) -> None
     assert re.fullmatch(r"[a-z][a-z0-9_-]{0,63}", spec.name)
     assert isinstance(spec.priority, int) and not isinstance(spec.priority, bool)
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in spec.worker_env.items())
+    assert not any("\0" in v for v in spec.worker_env.values())
 
 
 class Boom(Exception):

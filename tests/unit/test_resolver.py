@@ -3,6 +3,7 @@ public ``hwlaunch.resolve(..., assume=...)`` on assumed facts, for every built-i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -30,7 +31,9 @@ from hwlaunch.plugins import cpu, cuda, hpu, xpu
 from hwlaunch.runtime_facts import (
     REIMPORT_UNSAFE,
     DeviceFacts,
+    Limit,
     MainGuard,
+    Room,
     RuntimeFacts,
     ThreadFacts,
     ThreadInfo,
@@ -45,6 +48,7 @@ FLAG = {
     "nnodes": "--nnodes",
     "executor": "--executor",
     "start_method": "--start-method",
+    "rpc_channel": "--rpc-channel",
 }
 
 
@@ -917,3 +921,44 @@ def test_threads_summary_counts_native_threads_alike_whatever_their_names() -> N
     ]
     summary = ThreadFacts(others=(*ray, *python)).summary()
     assert summary == "7 threads: 4 native threads of ray (_raylet.so), 2 of 'poller', 'x'"
+
+
+# -- room: the limits of this machine (planning.room) ----------------------------------------------
+def test_a_world_size_beyond_the_room_left_is_refused_naming_the_limit() -> None:
+    """The rule reads the probed limits: here the user's RLIMIT_NPROC, which root does not
+    meet on the machine the suite runs on."""
+    limit = Limit(10, "RLIMIT_NPROC of uid 1000 (ulimit -u: 100, 90 tasks in use)")
+    facts = dataclasses.replace(make_facts(), room=Room(tasks=limit))
+    plan = decide(SPECS, facts, flags(backend="cpu", world_size=3, executor="mp"))
+    assert plan.world_size == 3  # 9 tasks of 10
+    with pytest.raises(ConfigError) as caught:
+        decide(SPECS, facts, flags(backend="cpu", world_size=4, executor="mp"))
+    message = str(caught.value)
+    assert message.startswith("world_size 4 (from --world-size) does not fit on this machine")
+    assert "4 workers need 12 tasks (3 tasks each" in message
+    assert "RLIMIT_NPROC of uid 1000 (ulimit -u: 100, 90 tasks in use) leaves 10 tasks" in message
+    assert "Fix: world_size <= 3" in message
+
+
+@pytest.mark.parametrize(
+    ("room", "needs"),
+    [
+        (Room(fds=Limit(30, "RLIMIT_NOFILE")), "36 file descriptors"),
+        (Room(memory=Limit(2**24, "MemAvailable")), "32 MiB of shared memory"),
+    ],
+)
+def test_descriptors_and_the_channels_memory_are_counted_too(room: Room, needs: str) -> None:
+    facts = dataclasses.replace(make_facts(), room=room)
+    with pytest.raises(ConfigError, match=f"4 workers need {needs}"):
+        decide(SPECS, facts, flags(backend="cpu", world_size=4, executor="mp"))
+
+
+def test_room_is_not_asked_of_executors_that_start_no_local_process() -> None:
+    facts = dataclasses.replace(make_facts(), room=Room(tasks=Limit(0, "pids.max")))
+    assert decide(SPECS, facts, flags(backend="cpu", world_size=64, executor="ray")).nnodes == 1
+    pipe = decide(
+        SPECS,
+        dataclasses.replace(make_facts(), room=Room(memory=Limit(0, "MemAvailable"))),
+        flags(backend="cpu", world_size=4, executor="mp", rpc_channel="pipe"),
+    )
+    assert pipe.rpc_channel == "pipe"  # no shared memory to count

@@ -78,6 +78,7 @@ def test_worker_env_is_copied() -> None:
         ({"worker_env": {"A": 1}}, "worker_env"),
         ({"worker_env": {"1A": "x"}}, "worker_env"),
         ({"worker_env": [("A", "1")]}, "worker_env"),
+        ({"worker_env": {"A": "x\0y"}}, "worker_env"),
     ],
 )
 def test_bad_spec_field_is_named(changes: dict[str, Any], field: str) -> None:

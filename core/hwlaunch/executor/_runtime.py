@@ -36,18 +36,21 @@ Request = tuple[str | bytes, tuple[Any, ...], dict[str, Any]]
 
 @dataclass(frozen=True)
 class Failure:
-    """An exception that happened in a worker, in a form that always pickles."""
+    """An exception that happened in a worker, in a form that always pickles. ``undecodable``:
+    it happened in the driver instead, decoding the worker's reply (the worker raised nothing)."""
 
     exc_type: str
     message: str
     traceback: str
+    undecodable: bool = False
 
     @classmethod
-    def current(cls, exc: BaseException) -> Failure:
+    def current(cls, exc: BaseException, *, undecodable: bool = False) -> Failure:
         return cls(
             exc_type=f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins."),
             message=str(exc),
             traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            undecodable=undecodable,
         )
 
 

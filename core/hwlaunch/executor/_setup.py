@@ -10,11 +10,15 @@ executor reports as WorkerStartupError.
 from __future__ import annotations
 
 import traceback
+from importlib.metadata import EntryPoint
 from typing import TYPE_CHECKING
 
 from hwlaunch.errors import PluginError
 
 if TYPE_CHECKING:
+    import pluggy
+
+    from hwlaunch._discovery import SlowLoads
     from hwlaunch.worker import Worker
 
 HOOK = "hwlaunch_worker_setup"
@@ -28,29 +32,16 @@ def run_worker_setup(worker: Worker) -> None:
     import pluggy
 
     from hwlaunch import hookspecs
-    from hwlaunch._discovery import selected_entry_points
+    from hwlaunch._discovery import SlowLoads, selected_entry_points
     from hwlaunch._hooks import call_plugin_hook
 
     selected, skipped = selected_entry_points()
     found = {ep.name: ep for ep in selected}
     manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     manager.add_hookspecs(hookspecs)
-    for name in names:
-        ep = found.get(name)
-        if ep is None:
-            excluded = [s for s in skipped if s.startswith(f"{name} (")]
-            why = excluded[0] if excluded else "not installed in the worker's environment"
-            raise PluginError(
-                f"plugin {name!r} must run {HOOK} in every worker, but this worker cannot load "
-                f"it: {why}. Fix: install the plugin's distribution wherever workers run (every "
-                "Ray node), with the same HWLAUNCH_PLUGINS / HWLAUNCH_DISABLE_PLUGINS"
-            )
-        try:
-            manager.register(ep.load(), name=name)
-        except Exception as exc:
-            raise PluginError(
-                f"plugin {name!r} cannot be loaded in the worker: {_line(exc)}"
-            ) from exc
+    with SlowLoads() as loads:
+        for name in names:
+            _register(manager, found.get(name), name, skipped, loads, worker.rank)
     for impl in reversed(getattr(manager.hook, HOOK).get_hookimpls()):
         try:
             call_plugin_hook(manager, HOOK, impl.plugin, worker=worker)
@@ -62,6 +53,30 @@ def run_worker_setup(worker: Worker) -> None:
                 f"{worker.rank}: {_line(exc)}"
             ) from exc
         worker.setup_plugins.append(impl.plugin_name)
+
+
+def _register(
+    manager: pluggy.PluginManager,
+    ep: EntryPoint | None,
+    name: str,
+    skipped: list[str],
+    loads: SlowLoads,
+    rank: int,
+) -> None:
+    """Load plugin ``name`` in this worker (``loads``: names it if its load is slow)."""
+    if ep is None:
+        excluded = [s for s in skipped if s.startswith(f"{name} (")]
+        why = excluded[0] if excluded else "not installed in the worker's environment"
+        raise PluginError(
+            f"plugin {name!r} must run {HOOK} in every worker, but this worker cannot load "
+            f"it: {why}. Fix: install the plugin's distribution wherever workers run (every "
+            "Ray node), with the same HWLAUNCH_PLUGINS / HWLAUNCH_DISABLE_PLUGINS"
+        )
+    try:
+        with loads.loading(ep, f"plugin {name!r} (in worker rank {rank})"):
+            manager.register(ep.load(), name=name)
+    except Exception as exc:
+        raise PluginError(f"plugin {name!r} cannot be loaded in the worker: {_line(exc)}") from exc
 
 
 def _line(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from hwlaunch.errors import (
     ExecutorClosedError,
+    ReplyDecodeError,
     RpcTimeoutError,
     WorkerDiedError,
     WorkerError,
@@ -41,7 +42,7 @@ from hwlaunch.executor._runtime import (
     method_label,
 )
 from hwlaunch.executor._signals import SignalForwarding
-from hwlaunch.executor._watchdog import Watchdog, stall_text
+from hwlaunch.executor._watchdog import FAULT_STACKS, Watchdog
 from hwlaunch.executor.state import ClosedState
 from hwlaunch.plan import Plan
 from hwlaunch.spec import select_env
@@ -61,7 +62,13 @@ __all__ = [
 StatusCallback = Callable[[int, str], None]
 K = TypeVar("K", bound=Hashable)
 HEALTH_TIMEOUT = 30.0  # seconds check_health() waits for every worker's ping
-STACKS_TIMEOUT = 5.0  # seconds dump_stacks() waits for each rank's answer
+STACKS_TIMEOUT = 5.0  # seconds dump_stacks() waits for each rank's answer, by default
+# The promise: RpcTimeoutError comes within this many seconds after the timeout, whatever state
+# the silent ranks are in (their stacks, FAULT_STACKS, then SIGTERM and, FAULT_KILL_AFTER
+# later, SIGKILL: docs/reliability.md has the figures measured).
+TIMEOUT_BOUND = 0.5
+_RAISE_SLACK = 0.05  # of the bound, kept for the way from the stop to the caller
+STOP_THREAD = "hwlaunch-stop"  # listed in planning.threads.OWN_THREADS
 
 
 # A plan from resolve() is plain data; one built or changed by hand may hold anything.
@@ -110,6 +117,7 @@ class Executor(ABC):
         # can tell (the watchdog names them); None: every rank.
         self.waiting_on: Collection[int] | None = None
         self._forwarding: SignalForwarding | None = None  # forward_signals' handlers
+        self._stopper: threading.Thread | None = None  # a stop after a timeout (``_stop_by``)
 
     def start(self) -> Executor:
         """Start every rank (``start_ranks``) and return this executor, ready for calls.
@@ -263,7 +271,10 @@ class Executor(ABC):
             self.raise_if_closed()
             watchdog = self._watchdog
             if watchdog is None and self.plan.rpc_warn_after > 0:
-                watchdog = self._watchdog = Watchdog(self.plan.rpc_warn_after, self._stalled)
+                source = _decision_source(self.plan, "rpc_warn_after")
+                watchdog = self._watchdog = Watchdog(
+                    self.plan.rpc_warn_after, self._silent_ranks, self.rank_stacks, source
+                )
             self.waiting_on = None
             if watchdog is not None:
                 watchdog.begin(label)
@@ -282,7 +293,7 @@ class Executor(ABC):
                 if watchdog is not None:
                     watchdog.end()
         if failures:
-            raise_first_failure(failures)
+            raise_first_failure(failures, label)
         return results
 
     def check_health(self) -> None:
@@ -298,6 +309,8 @@ class Executor(ABC):
         if self._forwarding is not None:
             self._forwarding.restore()
         self.stop_ranks()
+        if self._stopper is not None and self._stopper is not threading.current_thread():
+            self._stopper.join()  # a stop after a timeout that outlasted its error
 
     def dump_stacks(
         self, ranks: Iterable[int] | None = None, timeout: float = STACKS_TIMEOUT
@@ -327,19 +340,8 @@ class Executor(ABC):
         that does not implement it gets no handlers installed."""
         del signum
 
-    def _stalled(self, label: str, waited: float, next_after: float) -> str:
-        """The watchdog's warning for the call in progress (see ``_watchdog``)."""
-        ranks = self._silent_ranks()
-        return stall_text(
-            label,
-            waited,
-            next_after,
-            ranks,
-            self.rank_stacks(ranks, STACKS_TIMEOUT),
-            _decision_source(self.plan, "rpc_warn_after"),
-        )
-
     def _silent_ranks(self) -> list[int]:
+        """The ranks the call in progress still waits for (the stall watchdog names them)."""
         return silent_ranks(self.waiting_on, self.world_size)
 
     def watch_deaths(self, callback: Callable[[WorkerDiedError], None]) -> None:
@@ -385,11 +387,25 @@ class Executor(ABC):
 
     def timed_out(self, label: str, ranks: list[int], timeout: float | None) -> RpcTimeoutError:
         """A collective that hung leaves the process group unusable: read where the silent
-        ranks are stuck, then close, stop, report."""
-        stacks = self.rank_stacks(ranks, STACKS_TIMEOUT)
+        ranks are stuck (within ``FAULT_STACKS``), then close, stop, report: all within
+        ``TIMEOUT_BOUND`` of the timeout."""
+        ends_by = time.monotonic() + TIMEOUT_BOUND - _RAISE_SLACK
+        stacks = self.rank_stacks(ranks, FAULT_STACKS)
         self.state.close(f"collective_rpc {label!r} timed out")
-        self.stop_ranks(polite=False)
+        self._stop_by(ends_by)
         return RpcTimeoutError(label, ranks, timeout or 0.0, stacks)
+
+    def _stop_by(self, deadline: float) -> None:
+        """``stop_ranks(polite=False)``, waited for until ``deadline``. On a machine too busy
+        to end the workers by then, the error is not held back: the stop goes on in a thread of
+        its own (not a daemon: the program's exit waits for it), which ``shutdown()`` joins, so
+        nothing is left running either way."""
+        stopper = threading.Thread(
+            target=self.stop_ranks, kwargs={"polite": False}, name=STOP_THREAD
+        )
+        stopper.start()
+        stopper.join(max(0.0, deadline - time.monotonic()))
+        self._stopper = stopper
 
     def startup_timed_out(self, ranks: Iterable[int]) -> WorkerStartupError:
         pending = sorted(ranks)
@@ -447,18 +463,36 @@ def silent_ranks(waiting: Collection[int] | None, world_size: int) -> list[int]:
     return list(range(world_size))
 
 
-def startup_failure(rank: int, failure: Failure) -> WorkerStartupError:
-    """A worker's own start-up exception, with its traceback."""
-    return WorkerStartupError(rank, f"{failure.exc_type}: {failure.message}", failure.traceback)
+def startup_failure(rank: int, failure: Failure, note: str = "") -> WorkerStartupError:
+    """A worker's own start-up exception, with its traceback (and ``note``: what the driver
+    knows of why, such as a machine out of room for more processes)."""
+    return WorkerStartupError(
+        rank, f"{failure.exc_type}: {failure.message}{note}", failure.traceback
+    )
 
 
-def raise_first_failure(failures: Mapping[int, Failure]) -> None:
-    """Raise the lowest failing rank's exception as WorkerError, naming the other ranks."""
+def raise_first_failure(failures: Mapping[int, Failure], label: str = "") -> None:
+    """Raise the lowest failing rank's exception as WorkerError, naming the other ranks; a
+    reply the driver could not decode (``Failure.undecodable``) as ReplyDecodeError, which
+    names the driver, not the worker, and the call ``label``."""
     if not failures:
         return
     rank = min(failures)
     failure = failures[rank]
     others = sorted(set(failures) - {rank})
+    if failure.undecodable:
+        alike = [r for r in others if failures[r].undecodable]
+        rest = [r for r in others if not failures[r].undecodable]
+        note = (
+            f"; rank {alike[0]}'s reply could not be decoded either"
+            if len(alike) == 1
+            else f"; ranks {alike}' replies could not be decoded either"
+            if alike
+            else ""
+        ) + (f" (ranks {rest} failed too)" if rest else "")
+        raise ReplyDecodeError(
+            rank, failure.exc_type, failure.message, failure.traceback, label, note
+        )
     message = failure.message + (f" (ranks {others} failed too)" if others else "")
     raise WorkerError(rank, failure.exc_type, message, failure.traceback)
 

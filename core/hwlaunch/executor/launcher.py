@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 from hwlaunch.errors import PluginError
@@ -42,6 +44,8 @@ def launch(
         plan = resolve(**resolve_keywords)
         for text in plan.warnings:
             warnings.warn(f"hwlaunch: {text}", UserWarning, stacklevel=2)
+    elif not isinstance(plan, Plan):
+        raise TypeError(_not_a_plan(plan))
     elif resolve_keywords:
         raise TypeError(
             f"launch() got a plan and resolve() keywords {sorted(resolve_keywords)}; pass one or the other"
@@ -62,6 +66,24 @@ def launch(
         for text in getattr(executor, "warnings", ()):
             warnings.warn(f"hwlaunch: {text}", UserWarning, stacklevel=2)
     return executor
+
+
+def _not_a_plan(given: object) -> str:
+    """What launch()'s first argument takes, for a caller who gave something else."""
+    text = (
+        f"launch() takes a Plan from hwlaunch.resolve() as its first argument (or no argument "
+        f"and resolve()'s keywords), got the {type(given).__name__} {given!r}"
+    )
+    if isinstance(given, str | os.PathLike):
+        return text + (
+            ": a plan is not read from a file (the JSON of `hwlaunch resolve --json` is a "
+            "record of a decision, not an input). Pass the settings as keywords, "
+            "launch(backend=..., world_size=...), or a TOML config file of them, "
+            "launch(config='hwlaunch.toml')"
+        )
+    if isinstance(given, Mapping):
+        return text + ": pass settings as keywords, launch(**settings)"
+    return text + ": pass a Plan, or resolve()'s keywords"
 
 
 def _start(

@@ -94,6 +94,14 @@ def _how(died: WorkerDiedError) -> str:
     return died.cause or describe_exitcode(died.exitcode)
 
 
+def _silent(group: Group, exc: RpcTimeoutError, cause: str) -> WorkerDiedError:
+    """The failure of a group whose ranks did not answer in time: the first silent rank, with
+    the pid it had (read from the group, whose processes are gone by now)."""
+    rank = exc.ranks[0] if exc.ranks else 0
+    pids = list(getattr(group, "pids", ()))
+    return WorkerDiedError(rank, pids[rank] if rank < len(pids) else None, None, cause=cause)
+
+
 class RestartingExecutor(Executor):
     """An executor that declares ``restarts`` (mp, ray, a plugin's), replacing its worker group
     when a worker fails.
@@ -153,18 +161,14 @@ class RestartingExecutor(Executor):
         cause = died
         while True:
             if self.restarts >= self.plan.max_restarts:
-                self._final = self._ended(
-                    cause, f"no restart left (max_restarts {self.plan.max_restarts})"
-                )
+                self._end(cause, f"no restart left (max_restarts {self.plan.max_restarts})")
                 return
             self.restarts += 1
             self._note(cause)
             try:
                 new = self._start(plan_for_restart(self.plan, self.restarts))
             except Exception as exc:
-                self._final = self._ended(
-                    cause, f"restart {self.restarts} failed to start the group: {exc}"
-                )
+                self._end(cause, f"restart {self.restarts} failed to start the group: {exc}")
                 return
             try:
                 self._replay(new)
@@ -175,9 +179,7 @@ class RestartingExecutor(Executor):
                 continue
             except Exception as exc:  # a setup call failed (WorkerError, a timeout)
                 new.shutdown()
-                self._final = self._ended(
-                    cause, f"a setup call failed during restart {self.restarts}: {exc}"
-                )
+                self._end(cause, f"a setup call failed during restart {self.restarts}: {exc}")
                 return
             if self.closed:
                 new.shutdown()
@@ -200,8 +202,10 @@ class RestartingExecutor(Executor):
         self.plan = dataclasses.replace(self.plan, warnings=(*self.plan.warnings, text))
         log.warning("hwlaunch: %s", text)
 
-    def _ended(self, died: WorkerDiedError, why: str) -> WorkerDiedError:
-        return WorkerDiedError(
+    def _end(self, died: WorkerDiedError, why: str) -> None:
+        """The executor ends as a fail-stop one does: closed from now on (``closed`` says so
+        before any call asks), every call raising the error that notes every restart."""
+        self._final = WorkerDiedError(
             died.rank,
             died.pid,
             died.exitcode,
@@ -209,6 +213,8 @@ class RestartingExecutor(Executor):
             restarts=tuple(self._notes),
             cause=f"{_how(died)}; {why}",
         )
+        self.state.record_death(self._final)
+        self.state.close(f"worker rank {died.rank} failed and {why}")
 
     def _after_failure(self, generation: int, died: WorkerDiedError) -> WorkerDiedError:
         """Restart (unless done already), then the error the failed call raises."""
@@ -271,11 +277,10 @@ class RestartingExecutor(Executor):
         except WorkerDiedError as died:
             raise self._after_failure(generation, died) from None
         except RpcTimeoutError as exc:
-            hung = WorkerDiedError(
-                exc.ranks[0] if exc.ranks else 0,
-                None,
-                None,
-                cause=f"did not answer collective_rpc {exc.method!r} within {exc.timeout:g}s",
+            hung = _silent(
+                inner,
+                exc,
+                f"did not answer collective_rpc {exc.method!r} within {exc.timeout:g}s",
             )
             outcome = self._after_failure(generation, hung)
             if outcome.restarted:
@@ -293,12 +298,7 @@ class RestartingExecutor(Executor):
             except WorkerDiedError as died:
                 raise self._after_failure(generation, died) from None
             except RpcTimeoutError as exc:
-                hung = WorkerDiedError(
-                    exc.ranks[0] if exc.ranks else 0,
-                    None,
-                    None,
-                    cause=f"no answer to the health check within {exc.timeout:g}s",
-                )
+                hung = _silent(inner, exc, f"no answer to the health check within {exc.timeout:g}s")
                 raise self._after_failure(generation, hung) from exc
 
     def raise_if_closed(self) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hwlaunch._checks import did_you_mean, is_env_name
+from hwlaunch._checks import did_you_mean, env_value_problem, is_env_name
 from hwlaunch.errors import ConfigError
 from hwlaunch.planning.settings import (
     BACKEND_TABLE_KEYS,
@@ -44,11 +44,9 @@ def _parse_env_table(raw: object, source: str) -> dict[str, str]:
             raise ConfigError(
                 f"invalid env table at {source}: {key!r} is not an environment variable name"
             )
-        if not isinstance(value, str):
-            raise ConfigError(
-                f"invalid env table at {source}: {key} = {value!r} must be a string "
-                f"(environment values are text), {example}"
-            )
+        problem = env_value_problem(value)
+        if problem is not None:
+            raise ConfigError(f"invalid env table at {source}: {key} = {problem}, {example}")
     return dict(raw)
 
 
@@ -129,16 +127,79 @@ def _check_keys(
             )
 
 
-def load_config_file(path: Path, table_prefix: tuple[str, ...] = ()) -> ConfigFile:
-    """Parse ``path`` (``hwlaunch.toml``, or ``[tool.hwlaunch]`` of a pyproject.toml)."""
-    label = path.name if path.parent.resolve() == Path.cwd().resolve() else str(path)
+_AT = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
+_AT_END = re.compile(r"\s*\(at end of document\)\s*$")
+_OURS = ("tool", "hwlaunch")  # where a pyproject.toml keeps hwlaunch's settings
+# An inline table (``tool = { hwlaunch = {...} }``) that _LineFinder does not take apart.
+_OURS_INLINE = re.compile(r"\bhwlaunch\s*=\s*\{")
+
+
+class _NotToml(Exception):
+    """A config file that is no TOML document: ``where`` is ``label:line:column``."""
+
+    def __init__(self, where: str, why: str) -> None:
+        super().__init__(f"{where}: not valid TOML: {why}")
+        self.where = where
+
+
+def _label(path: Path) -> str:
+    return path.name if path.parent.resolve() == Path.cwd().resolve() else str(path)
+
+
+def _read_toml(path: Path) -> tuple[str, Any]:
+    """The text and the document of ``path``; ``_NotToml`` naming the line and column where it
+    stops being TOML (a TOML error, or a byte that is not UTF-8), ConfigError if unreadable."""
     try:
-        text = path.read_text(encoding="utf-8")
-        data: Any = tomllib.loads(text)
+        raw = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    label = _label(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line, column = _position(raw[: exc.start].decode("utf-8"))
+        why = f"byte 0x{raw[exc.start]:02x} is not UTF-8, the encoding TOML files are written in"
+        raise _NotToml(f"{label}:{line}:{column}", why) from None
+    try:
+        return text, tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        found = _AT.search(message)
+        if found:
+            line, column = int(found.group(1)), int(found.group(2))
+        else:  # "(at end of document)": the last character
+            line, column = _position(text)
+        why = _AT_END.sub("", _AT.sub("", message))
+        raise _NotToml(f"{label}:{line}:{column}", why) from None
+
+
+def _position(text: str) -> tuple[int, int]:
+    """The line and column (from 1) just after ``text``."""
+    lines = text.split("\n")
+    return len(lines), len(lines[-1]) + 1
+
+
+def _has_our_table(text: str, label: str) -> int | None:
+    """The line of ``[tool.hwlaunch]`` (or a key under it) in a pyproject.toml's text, read line
+    by line, so it works on a text that is not valid TOML; None where there is none."""
+    for path, number in _LineFinder(text, label).defined:
+        if path[: len(_OURS)] == _OURS:
+            return number
+    for number, line in enumerate(text.split("\n"), start=1):
+        if _OURS_INLINE.search(line.split("#", 1)[0]):
+            return number
+    return None
+
+
+def load_config_file(path: Path, table_prefix: tuple[str, ...] = ()) -> ConfigFile:
+    """Parse ``path`` (``hwlaunch.toml``, or ``[tool.hwlaunch]`` of a pyproject.toml)."""
+    label = _label(path)
+    try:
+        text, data = _read_toml(path)
+    except _NotToml as exc:
+        raise ConfigError(
+            f"{exc}; none of the settings in {path} is used until that line is fixed"
+        ) from None
     for part in table_prefix:
         data = data.get(part, {}) if isinstance(data, dict) else {}
     if not isinstance(data, dict):
@@ -176,9 +237,13 @@ def load_config_file(path: Path, table_prefix: tuple[str, ...] = ()) -> ConfigFi
 
 
 def find_config_file(
-    explicit: str | os.PathLike[str] | None, explicit_source: str, environ: Mapping[str, str]
+    explicit: str | os.PathLike[str] | None,
+    explicit_source: str,
+    environ: Mapping[str, str],
+    notes: list[str],
 ) -> ConfigFile | None:
-    """``--config``/``config=`` > ``HWLAUNCH_CONFIG`` > ./hwlaunch.toml > ./pyproject.toml."""
+    """``--config``/``config=`` > ``HWLAUNCH_CONFIG`` > ./hwlaunch.toml > ./pyproject.toml.
+    ``notes`` receives a warning for a file that was skipped."""
     named: tuple[object, str] | None = None
     if explicit is not None:
         named = (explicit, explicit_source)
@@ -197,12 +262,33 @@ def find_config_file(
     pyproject = Path("pyproject.toml")
     if pyproject.is_file():
         try:
-            data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
-            return None  # not ours to judge unless it has our table
+            _, data = _read_toml(pyproject)
+        except _NotToml as exc:
+            _broken_pyproject(pyproject, exc, notes)
+            return None
         if isinstance(data.get("tool"), dict) and "hwlaunch" in data["tool"]:
-            return load_config_file(pyproject, ("tool", "hwlaunch"))
+            return load_config_file(pyproject, _OURS)
     return None
+
+
+def _broken_pyproject(path: Path, exc: _NotToml, notes: list[str]) -> None:
+    """A pyproject.toml in the working directory that is not valid TOML: an error when it holds
+    a ``[tool.hwlaunch]`` table (its settings would be lost), else a warning in ``notes``: it
+    belongs to a project that has no hwlaunch settings, and must not stop every command."""
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        text = ""
+    ours = _has_our_table(text, _label(path))
+    if ours is not None:
+        raise ConfigError(
+            f"{exc}. It holds [tool.hwlaunch] (line {ours}), whose settings would be lost: fix "
+            f"that line of {path}, or move the settings into hwlaunch.toml"
+        )
+    notes.append(
+        f"{exc}; it has no [tool.hwlaunch] table, so it holds no hwlaunch settings and is "
+        "skipped (any other tool that reads it will fail on that line too)"
+    )
 
 
 def collect_overrides(
@@ -220,9 +306,11 @@ def collect_overrides(
         for name, raw in explicit.items()
         if raw is not None
     }
+    notes: list[str] = []
     return Overrides(
         explicit=parsed,
         environment=read_environment(env),
-        config=find_config_file(config, config_source, env),
+        config=find_config_file(config, config_source, env, notes),
         defaults=dict(defaults or {}),
+        warnings=tuple(notes),
     )

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, get_args
 
-from hwlaunch._checks import did_you_mean, parse_truthy
+from hwlaunch._checks import ASCII_NUMBER_RULE, did_you_mean, parse_truthy, text_int
 from hwlaunch.errors import ConfigError
 from hwlaunch.planning.launchers import LAUNCHERS, detect_launcher, launcher_of
 from hwlaunch.planning.mainguard import detect_main_guard
+from hwlaunch.planning.room import probe_room
 from hwlaunch.planning.threads import (
     GNU_OPENMP,
     GRPC,
@@ -85,6 +86,7 @@ def gather_facts(specs: Mapping[str, BackendSpec]) -> RuntimeFacts:
         threads=probe_threads(),
         usable_cpus=usable_cpus(),
         thread_env={k: os.environ[k] for k in THREAD_VARS if k in os.environ},
+        room=probe_room(),
     )
 
 
@@ -96,15 +98,15 @@ def _bool(key: str, raw: object, source: str) -> bool:
 
 
 def _count(key: str, raw: object, source: str, minimum: int = 0) -> int:
-    try:
-        value = int(str(raw).strip()) if not isinstance(raw, bool) else minimum - 1
-    except ValueError:
-        value = minimum - 1
-    if value < minimum:
+    found = raw if isinstance(raw, int) and not isinstance(raw, bool) else None
+    if isinstance(raw, str):
+        found = text_int(raw)
+    if found is None or found < minimum:
         raise ConfigError(
             f"invalid value {raw!r} for {key} from {source}: expected an integer >= {minimum}"
+            + (f", {ASCII_NUMBER_RULE}" if isinstance(raw, str) else "")
         )
-    return value
+    return found
 
 
 def parse_assumptions(
@@ -203,7 +205,8 @@ def _assumed_threads(raw: object, where: str, probed: ThreadFacts) -> ThreadFact
     others: list[ThreadInfo] = []
     for item in items:
         kind, sep, count = item.partition(":")
-        n = (int(count) if count.isdigit() else -1) if sep else 1  # -1: not a count
+        n = (text_int(count) if count.strip().isascii() else None) if sep else 1
+        n = -1 if n is None else n  # -1: not a count
         if kind in _ASSUMABLE and n >= 0:
             others += [_ASSUMABLE[kind]] * n
         elif item and not sep:

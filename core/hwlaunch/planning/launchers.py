@@ -35,6 +35,7 @@ import re
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 
+from hwlaunch._checks import ASCII_NUMBER_RULE, text_int
 from hwlaunch.errors import ConfigError
 from hwlaunch.runtime_facts import LAUNCHERS, NO_LAUNCHER, Found, LauncherInfo, LauncherName
 
@@ -67,14 +68,11 @@ class _Reader:
             raw = self.env.get(var)
             if raw is None or not raw.strip():
                 continue
-            try:
-                value = int(raw.strip())
-            except ValueError:
-                value = minimum - 1
-            if value < minimum:
+            value = text_int(raw)
+            if value is None or value < minimum:
                 raise ConfigError(
                     f"invalid value {raw!r} of {var} set by {self.launcher}: expected an "
-                    f"integer >= {minimum}"
+                    f"integer >= {minimum}, {ASCII_NUMBER_RULE}"
                 )
             return Found(value, self.source(var))
         return None

@@ -29,7 +29,14 @@ from hwlaunch._checks import (
     parse_truthy,
     unknown_name_message,
 )
-from hwlaunch._discovery import ENV_ALLOW, ENV_BLOCK, ENV_STRICT, OWN_DISTRIBUTION, select_plugins
+from hwlaunch._discovery import (
+    ENV_ALLOW,
+    ENV_BLOCK,
+    ENV_STRICT,
+    OWN_DISTRIBUTION,
+    SlowLoads,
+    select_plugins,
+)
 from hwlaunch._hooks import call_plugin_hook, wrapper_hooks
 from hwlaunch.errors import BackendUnavailableError, ConfigError, PluginError
 from hwlaunch.executor_spec import ExecutorSpec
@@ -186,17 +193,21 @@ def load_registry(environ: Mapping[str, str] | None = None, strict: bool | None 
     # importlib.metadata already lists a distribution once even when sys.path shows it twice,
     # so two entry points with one name come from two distributions: report, never drop one.
     by_name: dict[str, PluginRecord] = {}
-    for ep in selection.chosen:
-        if ep.name in by_name:
-            record = _failed(_record_of(ep), _name_clash(by_name[ep.name], _record_of(ep)))
-        else:
-            record = _load_plugin(manager, ep, registry)
-            by_name[ep.name] = record
-        registry.plugins.append(record)
-        for text in record.warnings:
-            warnings.warn(
-                f"{record.describe()}: {text}", contract.HwlaunchDeprecationWarning, stacklevel=2
-            )
+    with SlowLoads() as loads:
+        for ep in selection.chosen:
+            if ep.name in by_name:
+                record = _failed(_record_of(ep), _name_clash(by_name[ep.name], _record_of(ep)))
+            else:
+                with loads.loading(ep, _record_of(ep).describe()):
+                    record = _load_plugin(manager, ep, registry)
+                by_name[ep.name] = record
+            registry.plugins.append(record)
+            for text in record.warnings:
+                warnings.warn(
+                    f"{record.describe()}: {text}",
+                    contract.HwlaunchDeprecationWarning,
+                    stacklevel=2,
+                )
     if strict and registry.failures:
         raise PluginError(_strict_failure(registry.failures))
     return registry

@@ -48,6 +48,7 @@ def resolve_with_sources(
         for p in registry.failures
     ]
     problems += registry.selection_warnings + settings.unknown_variables(os.environ)
+    problems += overrides.warnings
     requested = overrides.lookup("backend")
     if requested is not None and requested.value in set(registry.excluded) - set(specs):
         raise BackendUnavailableError(registry.unknown_backend(requested.value, requested.source))

@@ -17,6 +17,7 @@ from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.plan import SIGKILL_AFTER, ExecutorName, Plan
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.output import worker_output
+from hwlaunch.planning.room import check_room
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
 from hwlaunch.planning.start_method import preload_of, start_method
 from hwlaunch.planning.threads_budget import thread_budget
@@ -269,7 +270,10 @@ def sized_executor(
     """World size and nodes from the settings, then the executor that runs them."""
     world = size("world_size", spec.name, overrides, notes)
     nodes = size("nnodes", spec.name, overrides, notes)
-    return world, nodes, choose_executor(spec, world, nodes, overrides, notes, executors)
+    name = choose_executor(spec, world, nodes, overrides, notes, executors)
+    channel = overrides.value("rpc_channel").value
+    check_room(executors[name], world.value, world.source, channel, notes.facts.room)
+    return world, nodes, name
 
 
 def choose_executor(

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from hwlaunch._checks import closest, did_you_mean
+from hwlaunch._checks import ASCII_NUMBER_RULE, closest, did_you_mean, text_float, text_int
 from hwlaunch._discovery import PLUGIN_VARIABLES
 from hwlaunch.channels import DEFAULT_RPC_CHANNEL, RPC_CHANNELS
 from hwlaunch.console import DEFAULT_CONSOLE_PREFIX, RANKS_FORM, parse_ranks, prefix_problem
@@ -65,17 +65,17 @@ def _text(name: str, raw: object, source: str) -> str:
 def _number(name: str, raw: object, source: str, kind: type, minimum: float) -> Any:
     value: Any = raw
     if isinstance(raw, str):
-        try:
-            value = kind(raw.strip())
-        except ValueError:
-            value = None
+        value = text_int(raw) if kind is int else text_float(raw)
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or (kind is int and not isinstance(value, int))
     ):
         what = "an integer" if kind is int else "a number"
-        raise ConfigError(f"invalid {name} {raw!r} from {source}: must be {what} >= {minimum:g}")
+        written = f", {ASCII_NUMBER_RULE}" if isinstance(raw, str) else ""
+        raise ConfigError(
+            f"invalid {name} {raw!r} from {source}: must be {what} >= {minimum:g}{written}"
+        )
     if value < minimum or value != value or value == float("inf"):
         raise ConfigError(f"invalid {name} {raw!r} from {source}: must be >= {minimum:g}")
     return value
@@ -96,6 +96,24 @@ def _seconds(name: str, raw: object, source: str) -> float:
 def _seconds_from_zero(name: str, raw: object, source: str) -> float:
     """Seconds where 0 is meaningful: no polling window (rpc_spin), no watchdog (rpc_warn_after)."""
     return float(_number(name, raw, source, float, 0.0))
+
+
+# The shortest stall-watchdog wait: each warning first reads the silent ranks' stacks (up to
+# 0.3 s, executor._watchdog.FAULT_STACKS) and must be written before the next one is due, at
+# twice the wait; and a call of a few milliseconds is no stall.
+RPC_WARN_AFTER_MIN = 0.5
+
+
+def _warn_after(name: str, raw: object, source: str) -> float:
+    """``rpc_warn_after``: 0 (no watchdog), or at least ``RPC_WARN_AFTER_MIN`` seconds."""
+    value = _seconds_from_zero(name, raw, source)
+    if 0 < value < RPC_WARN_AFTER_MIN:
+        raise ConfigError(
+            f"invalid {name} {raw!r} from {source}: must be 0 (no stall warnings) or at least "
+            f"{RPC_WARN_AFTER_MIN:g} seconds: each warning reads the silent ranks' stacks "
+            "first, which takes up to 0.3 s, and the next one comes when the wait has doubled"
+        )
+    return value
 
 
 def _signal_names(name: str, raw: object, source: str) -> tuple[str, ...]:
@@ -253,8 +271,8 @@ SETTINGS: tuple[Setting, ...] = (
         "--rpc-warn-after",
         "SECONDS",
         "Seconds a collective_rpc waits before a warning shows the silent ranks' stacks "
-        "(again at each doubling; 0: never).",
-        _seconds_from_zero,
+        f"(again at each doubling; 0: never; else at least {RPC_WARN_AFTER_MIN:g}).",
+        _warn_after,
         default=60.0,
     ),
     Setting(
@@ -389,6 +407,7 @@ class Overrides:
     environment: dict[str, Sourced[Any]] = field(default_factory=dict)
     config: ConfigFile | None = None
     defaults: dict[str, Sourced[Any]] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()  # about the layers themselves (a config file skipped)
 
     def lookup(self, name: str, backend: str | None = None) -> Sourced[Any] | None:
         """The winning value for ``name``: explicit > env > [backends.<b>] > top-level file >

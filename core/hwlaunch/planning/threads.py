@@ -51,6 +51,7 @@ OWN_THREADS = frozenset(
         "hwlaunch-output",  # executor.mp._output_pipes, in the driver: reads the workers' output pipes
         "hwlaunch-ray-output",  # executor.ray._output, in the driver: collects the actors' output
         "hwlaunch-forward-signal",  # executor.ray: sends one forwarded signal to the actors, ends
+        "hwlaunch-stop",  # executor.base: ends the workers after a timeout's error was raised
     )
 )
 OPENBLAS, GNU_OPENMP, INTEL_OPENMP, GRPC = (

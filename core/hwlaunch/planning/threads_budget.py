@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from hwlaunch._checks import text_int
 from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import Overrides, Sourced
@@ -131,11 +132,8 @@ def _user_value(
 
 def _count_or_none(raw: str) -> int | None:
     """A plain thread count; None for what OpenMP reads but torch cannot take ("4,2")."""
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        return None
-    return value if value >= 1 else None
+    value = text_int(raw)
+    return value if value is not None and value >= 1 else None
 
 
 def _variables(

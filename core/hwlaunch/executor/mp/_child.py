@@ -166,6 +166,7 @@ def worker_main(
     inherited_fds: tuple[int, ...],
     pdeathsig: bool,
     parent_pid: int | None,
+    driver_pid: int,
     main: tuple[str, str] | None = None,
     output: tuple[Connection, Connection] | None = None,
     line_buffered: bool = False,
@@ -187,7 +188,7 @@ def worker_main(
         os.environ.clear()
     os.environ.update(env)
     _install_liveness(death_r, pdeathsig, parent_pid)
-    start_stack_thread(stacks)
+    start_stack_thread(stacks, driver_pid)
     start_children_as_a_plain_process(_keeps_fork(plan))  # before __main__'s own set_start_method
     if main is not None:
         _reimport_or_fail(main, conn, plan.start_method)

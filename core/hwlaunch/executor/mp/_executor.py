@@ -46,6 +46,7 @@ from hwlaunch.executor.mp._messages import CALL, request_head
 from hwlaunch.executor.mp._output_pipes import OutputPipes
 from hwlaunch.executor.mp._pipe_channel import open_channel
 from hwlaunch.executor.mp._quiet_fork import quiet_safe_fork
+from hwlaunch.executor.mp._room import out_of_room, room_note
 from hwlaunch.executor.mp._shm_channel import ChannelLost, Message, ShmChannel
 from hwlaunch.executor.mp._stack_requests import request_stacks
 from hwlaunch.executor.mp._wire import decode_reply, encode_call
@@ -117,6 +118,23 @@ class MultiprocExecutor(Executor):
 
     # -- start-up ------------------------------------------------------------------------
     def start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
+        """Start every worker, then the output and monitor threads. A process, pipe or thread
+        that cannot be made for lack of room is the WorkerStartupError of the rank being
+        started, naming the limit (``_room``)."""
+        self._starting = 0
+        try:
+            self._start_processes(extension, init_distributed)
+            self._output.start()
+            self._await_ready()
+            self._start_monitor()
+        except (OSError, RuntimeError, EOFError) as exc:
+            room = out_of_room(self._starting, exc)
+            if room is None:
+                raise
+            raise room from exc
+
+    def _start_processes(self, extension: bytes | str | None, init_distributed: bool) -> None:
+        """Start each rank's process (``_starting``: the rank being started)."""
         plan, group = self.plan, self._group
         assert plan.start_method is not None
         ctx = multiprocessing.get_context(plan.start_method)
@@ -130,15 +148,18 @@ class MultiprocExecutor(Executor):
         group.channel = open_channel(plan.rpc_channel, plan.world_size, plan.rpc_spin)
         with quiet_safe_fork(plan.start_method):  # the threads are looked at once per launch
             for rank in range(plan.world_size):
+                self._starting = rank
                 options = self._child_options(rank, extension, init_distributed, master_port)
                 self._spawn(ctx, rank, options, death_r, death_w)
         death_r.close()
-        self._output.start()
-        self._await_ready()
+
+    def _start_monitor(self) -> None:
+        group = self._group
         self._sentinels = [process.sentinel for process in group.processes]
-        group.wake_r, group.wake_w = ctx.Pipe(duplex=False)
-        group.monitor = threading.Thread(target=group.watch, name="hwlaunch-monitor", daemon=True)
-        group.monitor.start()
+        group.wake_r, group.wake_w = multiprocessing.Pipe(duplex=False)
+        monitor = threading.Thread(target=group.watch, name="hwlaunch-monitor", daemon=True)
+        monitor.start()
+        group.monitor = monitor
 
     def _child_options(
         self, rank: int, extension: bytes | str | None, init_distributed: bool, master_port: int
@@ -168,6 +189,7 @@ class MultiprocExecutor(Executor):
             # only safe from the main thread, or from the fork server's.
             pdeathsig=threading.current_thread() is threading.main_thread() or forkserver,
             parent_pid=None if forkserver else os.getpid(),
+            driver_pid=os.getpid(),  # its py-spy reads the worker's stacks (_stacks)
             line_buffered=is_terminal(sys.stdout),
         )
 
@@ -248,7 +270,7 @@ class MultiprocExecutor(Executor):
             except (EOFError, OSError):
                 raise self._startup_death(rank) from None
             if kind == "startup_error":
-                raise startup_failure(rank, value)
+                raise startup_failure(rank, value, room_note())
             self.report_status(rank, "ready")
             return True
 
@@ -260,7 +282,7 @@ class MultiprocExecutor(Executor):
         return WorkerStartupError(
             rank,
             f"the process (pid {process.pid}) ended while starting, without a Python "
-            f"exception: {describe_exitcode(process.exitcode)}",
+            f"exception: {describe_exitcode(process.exitcode)}{room_note()}",
         )
 
     # -- RPC -----------------------------------------------------------------------------
@@ -348,6 +370,11 @@ class MultiprocExecutor(Executor):
         return died
 
     # -- state and stop ------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Closed by a call, or by the monitor thread that saw a worker die between calls."""
+        return self.state.closed or self._group.state.closed
+
     def raise_if_closed(self) -> None:
         group = self._group
         if not group.state.closed and not self.state.closed and self.state.died is None:
@@ -369,13 +396,20 @@ class MultiprocExecutor(Executor):
         super().check_health()
 
     def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
+        """py-spy's read of each rank, else its stack thread's answer (``_stack_requests``).
+        While another request holds the stack pipes (the watchdog's, a ``dump_stacks`` from
+        another thread), py-spy alone: no wait for the other to finish."""
         group = self._group
-        with group.stack_lock:
+        pids = {rank: group.pids[rank] for rank in ranks}
+        if not group.stack_lock.acquire(blocking=False):
+            return request_stacks(None, pids, timeout)
+        try:
             if group.released:
                 return {}
-            return request_stacks(
-                {rank: group.stack_conns[rank] for rank in ranks}, group.pids, timeout
-            )
+            conns = {rank: group.stack_conns[rank] for rank in ranks}
+            return request_stacks(conns, pids, timeout)
+        finally:
+            group.stack_lock.release()
 
     def signal_ranks(self, signum: int) -> None:
         for process in self._group.processes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,10 @@ from hwlaunch.plan import SIGKILL_AFTER
 __all__ = ["END_NOW", "EXIT_CODE_WAIT", "WorkerGroup"]
 
 SIGNAL_GRACE = SIGKILL_AFTER  # after SIGTERM before SIGKILL, and after SIGKILL before giving up
+# After a fault (a timeout, a death, an interrupt: a stop that is not polite), SIGKILL follows
+# SIGTERM this much later: a worker whose Python runs has ended on END_NOW by then, and one that
+# holds the GIL in a C call, or is stopped, never acts on SIGTERM (base.TIMEOUT_BOUND).
+FAULT_KILL_AFTER = 0.1
 EXIT_CODE_WAIT = 1.0  # a worker whose pipe hit EOF is exiting: time to collect its exit code
 # Written once per worker on the death pipe before the parent closes it on purpose: "end now".
 # EOF without it means the parent died, and a worker runs its own shutdown() first.
@@ -159,7 +164,13 @@ class WorkerGroup:
             with contextlib.suppress(OSError):
                 os.write(self.death_w.fileno(), END_NOW * len(self.processes))
             self.death_w.close()
-        for step, after in (("terminate", None), ("kill", f"{SIGNAL_GRACE:g}s after SIGTERM")):
+        self._escalate(SIGNAL_GRACE if polite else FAULT_KILL_AFTER)
+
+    def _escalate(self, grace: float) -> None:
+        """SIGTERM, then SIGKILL ``grace`` seconds later to whatever still runs. A stopped
+        worker (SIGSTOP) is resumed after its SIGTERM, so that it acts on it (ends its
+        descendants, then itself) instead of waiting for the SIGKILL."""
+        for step, after in (("terminate", None), ("kill", f"{grace:g}s after SIGTERM")):
             alive = [p for p in self.processes if p.exitcode is None]
             if not alive:
                 break
@@ -167,7 +178,10 @@ class WorkerGroup:
                 self._log_escalation(f"still running {after}: SIGKILL")
             for process in alive:
                 getattr(process, step)()
-            deadline = time.monotonic() + SIGNAL_GRACE
+                if after is None and process.pid is not None:
+                    with contextlib.suppress(OSError):
+                        os.kill(process.pid, signal.SIGCONT)
+            deadline = time.monotonic() + (grace if after is None else SIGNAL_GRACE)
             for process in alive:
                 process.join(max(0.0, deadline - time.monotonic()))
 

@@ -87,8 +87,9 @@ class OutputPipes:
 
     def start(self) -> None:
         """Begin forwarding (after every child started: a fork must not see this thread)."""
-        self._thread = threading.Thread(target=self._run, name="hwlaunch-output", daemon=True)
-        self._thread.start()
+        thread = threading.Thread(target=self._run, name="hwlaunch-output", daemon=True)
+        thread.start()  # "can't start new thread" leaves none to join
+        self._thread = thread
 
     def _run(self) -> None:
         selector = self._selector

@@ -108,6 +108,7 @@ from multiprocessing import reduction
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
+from hwlaunch.channels import SHM_REPLY_BYTES
 from hwlaunch.executor.mp._callables import SentCallables
 from hwlaunch.executor.mp._loans import Loans
 from hwlaunch.executor.mp._shm_wait import (
@@ -131,7 +132,7 @@ Decode = Callable[[memoryview | bytes, "list[memoryview] | None"], T]
 
 CHUNK_BYTES = 4 * 1024 * 1024
 CHUNKS = 4
-SLOT_BYTES = 4 * 1024 * 1024
+SLOT_BYTES = SHM_REPLY_BYTES
 COPY_MAX_BYTES = (
     4096  # a reply up to this size is copied out at once; a larger one decoded in place
 )

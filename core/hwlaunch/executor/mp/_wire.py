@@ -310,4 +310,4 @@ def decode_reply(
         reply = pickle.loads(view) if view[0] != FRAME_BYTE else decode(view, lent)
         return reply
     except Exception as exc:
-        return None, False, Failure.current(exc)
+        return None, False, Failure.current(exc, undecodable=True)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hwlaunch.errors import BackendUnavailableError, WorkerDiedError, WorkerStartupError
+from hwlaunch.executor._outside_stacks import OutsideReads
 from hwlaunch.executor._runtime import Failure, Request, dumps, loads
 from hwlaunch.executor.base import (
     Executor,
@@ -35,12 +36,19 @@ from hwlaunch.executor.base import (
     worker_environment,
 )
 from hwlaunch.executor.ray._actor import CONTROL_GROUP, WATCH_GROUP, rank_actor_class
-from hwlaunch.executor.ray._cluster import connect, import_ray, node_address, release
+from hwlaunch.executor.ray._cluster import (
+    connect,
+    import_ray,
+    node_address,
+    release,
+    setting_source,
+)
 from hwlaunch.executor.ray._lifeline import Lifeline, actor_ray_config
 from hwlaunch.executor.ray._output import OUTPUT_GROUP, OutputCollector
 from hwlaunch.executor.ray._placement import (
     RankNode,
     actor_resources,
+    capacity_error,
     local_ranks,
     node_visibility,
     placement_error,
@@ -154,6 +162,7 @@ class _ActorGroup:
         ray = self.ray
         if not first:
             if release_now:
+                self._join_monitor()
                 release(ray)
             return
         try:
@@ -176,13 +185,19 @@ class _ActorGroup:
                     ray.util.remove_placement_group(self.pg)
             if self.lifeline is not None:
                 self.lifeline.release()  # after the kills: a told actor is never left over
-            if self.monitor is not None and self.monitor is not threading.current_thread():
-                self.monitor.join(MONITOR_POLL * 4)  # done with Ray before the connection ends
+            if release_now:
+                self._join_monitor()
         finally:
             if self.output is not None:
                 self.output.close()
             if release_now:
                 release(ray)
+
+    def _join_monitor(self) -> None:
+        """The monitor is done with Ray before the connection ends (it sees the group closed
+        within ``MONITOR_POLL``)."""
+        if self.monitor is not None and self.monitor is not threading.current_thread():
+            self.monitor.join(MONITOR_POLL * 4)
 
     def _stop_actors(self) -> None:
         """Each actor's own shutdown(), within the grace; the late ones are logged, then
@@ -240,6 +255,7 @@ class RayExecutor(Executor):
     # -- start-up ------------------------------------------------------------------------
     def start_ranks(self, extension: bytes | str | None, init_distributed: bool) -> None:
         group, plan, ray = self._group, self.plan, self._group.ray
+        self._refuse_too_small_a_cluster()
         strategy = placement_strategy(plan)
         group.lifeline = Lifeline(node_address(ray))
         # Detached from this driver, as the actors are (see ``_lifeline``): Ray would remove
@@ -296,6 +312,13 @@ class RayExecutor(Executor):
         ]
         self._await(starts, deadline, self._started)
         group.start_monitor()
+
+    def _refuse_too_small_a_cluster(self) -> None:
+        """Before a bundle per rank is built: a cluster with fewer of the resource than ranks."""
+        source = setting_source(self.plan, "world_size", "the plan")
+        too_small = capacity_error(self._group.ray, self.plan, source)
+        if too_small is not None:
+            raise BackendUnavailableError(too_small)
 
     def _create_actors(
         self, order: list[int], local: list[tuple[int, int]], lifeline: tuple[str, int]
@@ -389,9 +412,13 @@ class RayExecutor(Executor):
 
         def take(ref: Any, rank: int) -> bool:
             try:
-                ok, value = loads(ray.get(ref))
+                reply = ray.get(ref)
             except self._errors.RayActorError as exc:
                 raise self._actor_died(rank, label, exc) from exc
+            try:
+                ok, value = loads(reply)
+            except Exception as exc:  # a class the driver cannot import: its error, not the rank's
+                ok, value = False, Failure.current(exc, undecodable=True)
             if ok:
                 results[rank] = value
             else:
@@ -424,7 +451,11 @@ class RayExecutor(Executor):
         return self.worker_died(died)
 
     def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
-        group, ray = self._group, self._group.ray
+        """py-spy's read of each actor on this driver's node (``_outside_stacks``), else the
+        actor's own answer from its control concurrency group, both within ``timeout``."""
+        group = self._group
+        deadline = time.monotonic() + timeout
+        outside = OutsideReads(self._local_pids(ranks))
         refs = {
             group.actors[rank].stacks.options(concurrency_group=CONTROL_GROUP).remote(): rank
             for rank in ranks
@@ -432,13 +463,44 @@ class RayExecutor(Executor):
         }
         found: dict[int, str] = {}
         with contextlib.suppress(Exception):  # Ray is going away
-            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=timeout)
-            for ref in ready:
-                with contextlib.suppress(Exception):  # that actor died
-                    found[refs[ref]] = ray.get(ref)
+            self._own_stacks(refs, found, outside, deadline)
+        outside.wait(deadline)
+        outside.close(timeout)
+        found.update(outside.found)
         for rank in ranks:
-            found.setdefault(rank, f"no stack within {timeout:g}s (the actor did not answer)")
+            why = outside.failed.get(rank, "not on this node: py-spy reads local processes only")
+            found.setdefault(
+                rank, f"no stack within {timeout:g}s ({why}; the actor did not answer)"
+            )
         return dict(sorted(found.items()))
+
+    def _own_stacks(
+        self, refs: dict[Any, int], found: dict[int, str], outside: OutsideReads, deadline: float
+    ) -> None:
+        """The actors' own answers into ``found``, until each rank has a stack from one reader
+        or the other (py-spy's are taken meanwhile), or the deadline."""
+        ray, pending = self._group.ray, dict(refs)
+        while pending and (remaining := deadline - time.monotonic()) > 0:
+            ready, _ = ray.wait(
+                list(pending), num_returns=len(pending), timeout=min(remaining, 0.01)
+            )
+            for ref in ready:
+                rank = pending.pop(ref)
+                with contextlib.suppress(Exception):  # that actor died
+                    found[rank] = ray.get(ref)
+            outside.wait(time.monotonic())  # what py-spy has finished, without waiting
+            if all(rank in outside.found for rank in pending.values()):
+                return
+
+    def _local_pids(self, ranks: list[int]) -> dict[int, int | None]:
+        """The pids of the ranks' actors that run on this driver's node."""
+        here = self._group.ray.get_runtime_context().get_node_id()
+        nodes = self._group.nodes
+        return {
+            rank: nodes[rank].pid
+            for rank in ranks
+            if rank < len(nodes) and nodes[rank].node_id == here
+        }
 
     def signal_ranks(self, signum: int) -> None:
         """Each actor signals itself (on whichever node it runs), from a thread of its own:
@@ -454,6 +516,11 @@ class RayExecutor(Executor):
         threading.Thread(target=deliver, name="hwlaunch-forward-signal", daemon=True).start()
 
     # -- state and stop ------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Closed by a call, or by the monitor thread that saw an actor die between calls."""
+        return self.state.closed or self._group.state.closed
+
     def raise_if_closed(self) -> None:
         died = self._group.state.died  # seen by the monitor between calls
         if died is not None:
@@ -471,9 +538,12 @@ class RayExecutor(Executor):
         self._group.shutdown(polite=False, keep_connection=True)
 
     def stop_ranks(self, polite: bool = True) -> None:
-        keep = self._group.on_death is not None  # a restart controller ends the connection
+        """Polite: the actors' own shutdown(), then the connection ends (a local instance
+        with it). After a fault (a timeout, a death): the actors are killed at once, and the
+        connection stays until ``shutdown()`` or the program's exit, so that the error comes
+        without waiting for a local Ray instance to end (``base.TIMEOUT_BOUND``)."""
         if polite:
             self._finalizer()
+            atexit.unregister(self._finalizer)
         else:
-            self._group.shutdown(polite=False, keep_connection=keep)
-        atexit.unregister(self._finalizer)
+            self._group.shutdown(polite=False, keep_connection=True)

@@ -73,6 +73,49 @@ def local_ranks(node_of_rank: Sequence[str]) -> list[tuple[int, int]]:
     return [(lr, seen[node]) for lr, node in zip(local, node_of_rank, strict=True)]
 
 
+def capacity_error(ray: Any, plan: Plan, source: str) -> str | None:
+    """Why the cluster cannot hold the plan's world size at all (fewer of the backend's Ray
+    resource in the whole cluster than ranks), or None: checked before the placement group is
+    made, so that a world size no cluster of this size can hold is refused at once, without a
+    bundle per rank built first or ``ray_pg_timeout`` waited out."""
+    res, n = plan.ray_resource, plan.world_size
+    total = float(ray.cluster_resources().get(res, 0))
+    if total >= n:
+        return None
+    why, fix = _missing(ray, plan, total)
+    return (
+        f"Ray cannot place world_size {n} (from {source}) of backend {plan.backend}, "
+        f"{{{res!r}: 1}} each: {why}. Fix: {fix} (a cluster that adds nodes on demand must "
+        "have them before the launch: start them, or request them with "
+        "ray.autoscaler.sdk.request_resources)"
+    )
+
+
+def _missing(ray: Any, plan: Plan, total: float) -> tuple[str, str]:
+    """Why and the fix, for a cluster with fewer of the resource than ranks."""
+    res, n = plan.ray_resource, plan.world_size
+    if total == 0:
+        has = ", ".join(
+            f"{key} {value:g}"
+            for key, value in sorted(ray.cluster_resources().items())
+            if not key.startswith("node:") and key not in ("memory", "object_store_memory")
+        )
+        why = f"the cluster has no {res!r} resource at all (it has {has or 'nothing'})"
+        fix = (
+            f"start the Ray nodes on machines with {plan.backend} devices, declaring them "
+            f"(`ray start --resources '{{\"{res}\": N}}'` when Ray does not detect them), or "
+            "choose a backend the cluster has"
+        )
+        return why, fix
+    alive = [node for node in ray.nodes() if node.get("Alive")]
+    holding = [node for node in alive if node.get("Resources", {}).get(res, 0) >= 1]
+    why = (
+        f"the cluster has {total:g} {res} in total on {len(holding)} node(s): "
+        f"{n - total:g} {res} missing"
+    )
+    return why, f"add nodes with {res} to the cluster, or use world_size <= {int(total)}"
+
+
 def placement_error(ray: Any, plan: Plan, strategy: str) -> str:
     """What was asked, what the cluster has, and how to fix it."""
     res, n = plan.ray_resource, plan.world_size
@@ -87,24 +130,8 @@ def placement_error(ray: Any, plan: Plan, strategy: str) -> str:
         f"(strategy {strategy}{spread}) within {plan.ray_pg_timeout:g}s (ray_pg_timeout from "
         f"{source}): "
     )
-    if total == 0:
-        has = ", ".join(
-            f"{key} {value:g}"
-            for key, value in sorted(ray.cluster_resources().items())
-            if not key.startswith("node:") and key not in ("memory", "object_store_memory")
-        )
-        why = f"the cluster has no {res!r} resource at all (it has {has or 'nothing'})"
-        fix = (
-            f"start the Ray nodes on machines with {plan.backend} devices, declaring them "
-            f"(`ray start --resources '{{\"{res}\": N}}'` when Ray does not detect them), or "
-            "choose a backend the cluster has"
-        )
-    elif total < n:
-        why = (
-            f"the cluster has {total:g} {res} in total on {len(holding)} node(s): "
-            f"{n - total:g} {res} missing"
-        )
-        fix = f"add nodes with {res} to the cluster, or use world_size <= {int(total)}"
+    if total < n:
+        why, fix = _missing(ray, plan, total)
     elif strategy == "STRICT_SPREAD" and len(holding) < n:
         why = f"it needs {n} distinct nodes with {res}, and the cluster has {len(holding)}"
         fix = f"add nodes to the cluster, or use nnodes <= {len(holding)}"
