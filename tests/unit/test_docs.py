@@ -1,7 +1,8 @@
 """The docs against the code they describe: the settings table, the API's signatures, the names.
 
-Every settings table in README.md and docs/configuration.md is checked row by row against
-``hwlaunch.planning.settings.SETTINGS`` (a new setting without its rows fails here), the
+The settings table in docs/configuration.md is checked row by row against
+``hwlaunch.planning.settings.SETTINGS`` (a new setting without its row fails here), the
+README's links against the pages they name, the
 signatures that docs/api.md prints against the functions, every ``hwlaunch.<name>`` the docs
 mention against the package, and the command samples of docs/cli.md against what the commands
 print now.
@@ -60,24 +61,18 @@ def prose(path: Path) -> str:
     return re.sub(r"^```.*?^```", "", path.read_text(), flags=re.S | re.M)
 
 
-def test_the_readme_table_has_one_row_per_setting_with_its_key_flag_and_variable() -> None:
-    rows = table_rows(section(README, "## Settings and their precedence"))
-    documented = {}
-    for label, key, flags, env in rows:
-        (name,) = code_spans(key)
-        documented[name] = (code_spans(flags), code_spans(env), label)
-    assert list(documented) == [s.name for s in SETTINGS]
-    for setting in SETTINGS:
-        flags, env, label = documented[setting.name]
-        assert flags == [f for f in (setting.short, setting.flag) if f], setting.name
-        assert env == [setting.env_var], setting.name
-        if setting.default is not None:
-            assert shown(setting.default) in label, (setting.name, label)
+# Pages the README links that another branch writes (the lead's vLLM guide).
+PENDING_PAGES = {"docs/vllm.md"}
 
 
-def shown(default: object) -> str:
-    """A default as the README's labels show it: a number as ``60``, a name in backticks."""
-    return f"`{default}`" if isinstance(default, str) else f"{default:g}"
+def test_the_readme_is_an_introduction_whose_links_lead_somewhere() -> None:
+    """Under 120 lines; the reference tables live in docs/ and every link there resolves."""
+    text = README.read_text()
+    assert len(text.splitlines()) < 120
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", text)
+    assert {"docs/rules.md", "docs/configuration.md", "docs/api.md"} <= set(links)
+    missing = [link for link in links if not (ROOT / link).exists()]
+    assert set(missing) <= PENDING_PAGES, missing
 
 
 def test_the_configuration_table_has_every_setting_with_its_default_and_allowed_values() -> None:
