@@ -107,8 +107,8 @@ def local_rank_of(rank: int, world: int, nnodes: int) -> int | None:
 def two_node_cluster(spec: BackendSpec) -> Iterator[str]:
     """A real Ray cluster of two nodes on 127.0.0.1, one slot of the backend's Ray resource
     each; yields its address and shuts it down (this process's Ray client first)."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before Ray is imported
     cluster_utils = pytest.importorskip("ray.cluster_utils")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     node: dict[str, Any] = {
         "num_cpus": 1,
         "object_store_memory": 100 * 1024**2,
