@@ -256,3 +256,12 @@ def test_the_plugin_guide_lists_every_executorspec_field() -> None:
     part = section(DOCS / "writing-a-backend-plugin.md", "## 10. An executor of your own")
     documented = [name for row in table_rows(part) for name in code_spans(row[0])]
     assert documented == [f.name for f in dataclasses.fields(hwlaunch.ExecutorSpec)]
+
+
+def test_the_contract_version_the_readme_and_plugin_guide_give_is_the_codes() -> None:
+    readme = re.findall(r"contract `(\d+\.\d+)`", README.read_text())
+    guide = re.findall(
+        r"Plugin contract \*\*(\d+\.\d+)\*\*", (DOCS / "writing-a-backend-plugin.md").read_text()
+    )
+    assert readme == [hwlaunch.CONTRACT_VERSION]
+    assert guide == [hwlaunch.CONTRACT_VERSION]
