@@ -41,7 +41,7 @@ from hwlaunch.plan import Plan
 from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.planning.policy import adjust
 from hwlaunch.planning.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
-from hwlaunch.planning.rules import decide
+from hwlaunch.planning.rules import LOCAL, SINGLE, decide
 from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import START_METHODS, BackendSpec
@@ -301,7 +301,7 @@ class BackendConformance:
         spec = self.spec()
         count = facts.devices[spec.name].device_count
         world = min(2, count) if spec.is_accelerator else 2
-        values: dict[str, object] = {"backend": spec.name, "world_size": world, "executor": "mp"}
+        values: dict[str, object] = {"backend": spec.name, "world_size": world, "executor": LOCAL}
         values.update(overrides)
         chosen = _overrides(**values)
         plan = decide({spec.name: spec}, facts, chosen)
@@ -440,7 +440,7 @@ class BackendConformance:
             {**plan.to_dict(), "source": plan.decision("start_method").source},
             {
                 "backend": spec.name,
-                "executor": "mp",
+                "executor": LOCAL,  # the rules' choice for local workers
                 "start_method": self.default_method(spec, facts.os_start_methods),
                 "source": f"rule of backend {spec.name}",
                 "dist_backend": spec.dist_backend,
@@ -453,7 +453,7 @@ class BackendConformance:
         if plan.start_method == "forkserver":
             assert spec.worker.partition(":")[0] in plan.preload, f"preload: {plan.preload}"
         single = self.plan(facts, world_size=1, executor=None)
-        assert single.executor == "uni", f"world size 1 gave executor {single.executor!r}"
+        assert single.executor == SINGLE, f"world size 1 gave executor {single.executor!r}"
 
     def test_plan_when_fork_is_unsafe(self) -> None:
         spec = self.spec()
