@@ -4,7 +4,7 @@ channel's polling default. Shared by the settings table and the executor, so her
 from __future__ import annotations
 
 RPC_CHANNELS = ("shm", "pipe")
-DEFAULT_RPC_CHANNEL = "shm"  # measured faster than pipes (docs/performance.md, "RPC channel")
+DEFAULT_RPC_CHANNEL = "shm"  # the faster of the two: docs/performance.md, "RPC channel"
 # Seconds a waiting side of the shm channel polls before it blocks, where every worker has a CPU
 # of its own; where they do not, polling workers would take CPU from working ones.
 SPIN_WITH_FREE_CPUS = 0.05

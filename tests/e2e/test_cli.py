@@ -193,7 +193,7 @@ def test_backends_json(clean_env: Path) -> None:
     assert by_name["xpu"]["start_methods"] == {"allowed": ["spawn"], "default": "spawn"}
     assert by_name["hpu"]["start_methods"]["default"] == "spawn"
     assert by_name["hpu"]["ray_resource"] == "HPU"
-    # The built-in rules' device binding (README's rules table), and each plugin's contract.
+    # The built-in rules' device binding (docs/rules.md's table), and each plugin's contract.
     bindings = {name: by_name[name]["device_binding"] for name in ("cpu", "cuda", "hpu", "xpu")}
     assert bindings == {"cpu": "none", "cuda": "per_worker", "hpu": "per_worker", "xpu": "job_wide"}
     noset = by_name["cuda"]["ray_noset_visibility_var"]

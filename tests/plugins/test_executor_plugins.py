@@ -1,8 +1,9 @@
 """Third-party executor plugins, installed with pip into a target directory.
 
-``tests/plugins/executor_plugin_dists/zoo`` is one distribution with four entry points: ``inline``, a
-working executor, and three broken ones (its class cannot be imported, its class is no
-Executor, its spec is invalid). Each check runs ``python -m hwlaunch.cli`` in a subprocess with
+``tests/plugins/executor_plugin_dists/zoo`` is one distribution with six entry points: ``inline``
+and ``zoo-procs``, working executors, and four broken ones (its class cannot be imported, its
+class is no Executor, its spec is invalid, its spec promises a process per rank that it does not
+start: tests/plugins/test_conformance_by_capability.py). Each check runs ``python -m hwlaunch.cli`` in a subprocess with
 the target directory on PYTHONPATH, as after ``pip install``.
 """
 
@@ -50,6 +51,7 @@ def test_listed_with_their_plugins_and_the_broken_spec_as_a_failure(site: Path) 
         "external",
         "broken-import",
         "inline",
+        "zoo-liar",
         "not-executor",
         "zoo-procs",
     ]
@@ -171,12 +173,19 @@ def test_a_plugin_executor_that_declares_restarts_restarts_its_group(site: Path)
     assert result["pings"] == result["after"]
 
 
-def test_a_plugin_executor_without_restarts_is_told_max_restarts_is_not_used(site: Path) -> None:
-    plan = json_of(
-        hwlaunch(site, "resolve", "--executor", "inline", "--max-restarts", "2", "--json")
-    )
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("inline", "runs the worker in this process, which a restart cannot replace"),
+        ("zoo-liar", "does not restart worker groups"),  # declares neither restarts nor in_process
+    ],
+)
+def test_a_plugin_executor_without_restarts_is_told_max_restarts_is_not_used(
+    site: Path, name: str, why: str
+) -> None:
+    plan = json_of(hwlaunch(site, "resolve", "--executor", name, "--max-restarts", "2", "--json"))
     assert plan["max_restarts"] == 0
     assert (
-        "max_restarts 2 (from --max-restarts) is not used: the inline executor does not "
-        "restart worker groups" in plan["warnings"]
+        f"max_restarts 2 (from --max-restarts) is not used: the {name} executor {why}"
+        in plan["warnings"]
     )

@@ -7,10 +7,13 @@ would give these executors nothing and fail here.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import hwlaunch
 from hwlaunch import ExecutorSpec, PluginError
 from hwlaunch.planning.rules import decide
 from hwlaunch.planning.settings import Overrides, Sourced
@@ -98,3 +101,73 @@ def test_a_capability_that_cannot_hold_fails_the_spec(fields: dict[str, Any], me
     with pytest.raises(PluginError) as raised:
         executor("vendor-bad", **fields)
     assert message in str(raised.value)
+
+
+# -- the conformance suites choose their checks the same way -----------------------------------
+
+VENDOR = {
+    spec.name: spec
+    for spec in (
+        executor("vendor-procs", start_method=True, restarts=True, rpc_channel=True),
+        executor("vendor-inline", in_process=True, max_world_size=1),
+        executor("vendor-actors", ray=True),
+        executor("vendor-adopts", needs_launcher=True, in_process=True),
+        executor("vendor-plain", max_nodes=1),
+    )
+}
+
+
+def case_ids(cases: list[Any]) -> list[str]:
+    return [case.id for case in cases]
+
+
+def test_the_conformance_lifecycle_cases_follow_the_declared_capabilities() -> None:
+    from hwlaunch.testing._capabilities import lifecycle_cases, ray_cases
+
+    cases = lifecycle_cases(list(VENDOR), VENDOR, "TestVendor")
+    assert case_ids(cases) == [  # in-process last: its worker may initialize the device here
+        "vendor-procs-fork",
+        "vendor-procs-spawn",
+        "vendor-procs-forkserver",
+        "vendor-plain",
+        "vendor-inline",
+    ]
+    assert case_ids(ray_cases(list(VENDOR), VENDOR, "TestVendor")) == ["vendor-actors"]
+    (none,) = lifecycle_cases(["vendor-actors"], VENDOR, "TestVendor")
+    assert none.marks[0].kwargs["reason"] == (
+        "no executor in TestVendor.executors starts workers without Ray or a launcher"
+    )
+
+
+def test_the_worker_contract_asks_of_each_executor_what_it_declares() -> None:
+    from hwlaunch.testing._capabilities import own_processes, sets_binding, world_size_for
+
+    cpu_spec = SPECS["cpu"]
+    got = {
+        name: (own_processes(spec), sets_binding(spec), world_size_for(spec, cpu_spec, 8))
+        for name, spec in VENDOR.items()
+    }
+    assert got == {
+        "vendor-procs": (True, True, 2),
+        "vendor-inline": (False, False, 1),
+        "vendor-actors": (True, False, 2),  # Ray sets the visibility variable in its actors
+        "vendor-adopts": (False, False, 2),
+        "vendor-plain": (True, True, 2),
+    }
+
+
+def test_no_code_compares_an_executor_with_a_built_in_name() -> None:
+    """The rules name the built-ins only as the defaults they choose (planning/rules.py);
+    everything else reads capabilities."""
+    root = Path(hwlaunch.__file__).parent
+    compared = re.compile(
+        r"""(==|!=)\s*["'](uni|mp|ray|external)["']|["'](uni|mp|ray|external)["']\s*(==|!=)"""
+    )
+    found = [
+        f"{path.relative_to(root)}:{number}: {line.strip()}"
+        for path in sorted(root.rglob("*.py"))
+        if "integrations" not in path.parts
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if compared.search(line)
+    ]
+    assert found == []

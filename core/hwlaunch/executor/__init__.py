@@ -2,12 +2,17 @@
 
 An executor plugin subclasses :class:`Executor` and implements its public extension points
 (``start_ranks``, ``exchange``, ``stop_ranks``; ``start()`` calls the first, never the
-constructor). Its worker side uses the same functions as
-the built-in executors, so a worker behaves the same whichever executor hosts it:
-``start_worker`` builds the backend's worker and runs its start-up, ``answer`` runs one
-encoded request on it and encodes the reply (``(ok, value)``; a Failure when not ok), and the
-parent encodes requests with ``encode_method`` and ``dumps``, raises a rank's Failure with
-``raise_first_failure``, and gives each worker ``worker_environment``.
+constructor). The uni, mp and ray executors and a plugin's build their worker with
+``start_worker`` (the backend's worker class with the extension, then its start-up), and the
+external executor from the same parts, so a worker starts the same whichever executor hosts
+it. How a request is answered differs by transport: ``answer`` runs
+one pickled request and pickles the reply (``(ok, value)``; a Failure when not ok), which the
+ray executor's actors and a plugin's workers use; the mp executor's workers run each request
+through the same step inside ``answer`` (``_runtime.outcome``) and encode the reply with their
+channel's own codec (``mp/_child.py``); the uni and external executors call the worker in
+this process, with nothing encoded. The parent encodes requests with ``encode_method`` and
+``dumps``, raises a rank's Failure with ``raise_first_failure``, and gives each worker
+``worker_environment``.
 """
 
 from __future__ import annotations

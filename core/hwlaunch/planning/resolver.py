@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
+from hwlaunch._checks import did_you_mean
 from hwlaunch.errors import BackendUnavailableError
 from hwlaunch.plan import Plan
 from hwlaunch.planning import settings
@@ -80,6 +81,7 @@ def resolve(
     console_prefix: str | None = None,
     console_ranks: str | int | list[int] | None = None,
     log_dir: str | os.PathLike[str] | None = None,
+    **unknown: NoReturn,
 ) -> Plan:
     """Decide backend, world size, executor and start method, with a reason for each.
 
@@ -87,25 +89,24 @@ def resolve(
     (``config``, ``HWLAUNCH_CONFIG``, ./hwlaunch.toml or ``[tool.hwlaunch]`` in
     ./pyproject.toml), which beats the backend's rule. ``assume`` replaces probed facts for
     what-if analysis (``{"cuda.available": True, "cuda.device_count": 2}``).
+
+    The keywords other than ``config`` and ``assume`` are the settings table's rows
+    (``hwlaunch.planning.settings.SETTINGS``), read from it; the signature spells them out for
+    type checkers and readers, and tests/unit/test_settings_keywords.py holds the two, and
+    docs/configuration.md, in step. An unknown keyword is a TypeError with a did-you-mean.
     """
-    explicit = {
-        "backend": backend,
-        "world_size": world_size,
-        "nnodes": nnodes,
-        "executor": executor,
-        "start_method": start_method,
-        "ray_address": ray_address,
-        "ray_pg_timeout": ray_pg_timeout,
-        "startup_timeout": startup_timeout,
-        "rpc_channel": rpc_channel,
-        "rpc_spin": rpc_spin,
-        "max_restarts": max_restarts,
-        "cpu_threads": cpu_threads,
-        "rpc_warn_after": rpc_warn_after,
-        "shutdown_timeout": shutdown_timeout,
-        "forward_signals": forward_signals,
-        "console_prefix": console_prefix,
-        "console_ranks": console_ranks,
-        "log_dir": None if log_dir is None else os.fspath(log_dir),
-    }
+    given = locals()  # first: the keywords as passed, each setting's read by its table row
+    if unknown:
+        raise TypeError(_unknown_keywords(unknown))
+    explicit = {s.name: given[s.name] for s in settings.SETTINGS}
     return resolve_with_sources(explicit, settings.sources("python"), config=config, assume=assume)
+
+
+def _unknown_keywords(unknown: Mapping[str, object]) -> str:
+    known = [*(s.name for s in settings.SETTINGS), "config", "assume"]
+    names = ", ".join(f"{n!r}{did_you_mean(n, known)}" for n in sorted(unknown))
+    return (
+        f"resolve() got an unexpected keyword argument {names}; its keywords are the settings "
+        f"({', '.join(s.name for s in settings.SETTINGS)}), config and assume "
+        "(docs/configuration.md#every-setting)"
+    )

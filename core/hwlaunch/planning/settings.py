@@ -3,14 +3,18 @@
 A row names the setting's keyword (``resolve(world_size=)`` and the config key), its command-line
 flag, its environment variable, its parser and allowed values. Everything else is generated from
 the table: the ``HWLAUNCH_*`` variables read, the source labels in a plan (``--world-size``,
-``env HWLAUNCH_WORLD_SIZE``, ``resolve(world_size=)``), the keys a config file may hold, and the
-click options of ``hwlaunch resolve`` and ``hwlaunch run``. Adding a setting is adding a row.
+``env HWLAUNCH_WORLD_SIZE``, ``resolve(world_size=)``), the keys a config file may hold, the
+click options of ``hwlaunch resolve`` and ``hwlaunch run``, and the values ``resolve()`` reads
+from its keywords. Adding a setting is adding a row, then what the tests ask for where people
+read it: its keyword in ``resolve()``'s typed signature (tests/unit/test_settings_keywords.py)
+and its row in docs/configuration.md (tests/unit/test_docs.py).
 
 Reading settings has no side effects: nothing here writes the environment or any file.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +64,11 @@ def _text(name: str, raw: object, source: str) -> str:
     if not isinstance(raw, str) or not raw.strip():
         raise ConfigError(f"invalid {name} {raw!r} from {source}: must be a non-empty string")
     return raw.strip()
+
+
+def _path(name: str, raw: object, source: str) -> str:
+    """A path: a string, or (from Python) an ``os.PathLike`` such as ``pathlib.Path``."""
+    return _text(name, os.fspath(raw) if isinstance(raw, os.PathLike) else raw, source)
 
 
 def _number(name: str, raw: object, source: str, kind: type, minimum: float) -> Any:
@@ -322,7 +331,7 @@ SETTINGS: tuple[Setting, ...] = (
         "--log-dir",
         "DIR",
         "Directory for each rank's stdout and stderr files (one set per restart attempt).",
-        _text,
+        _path,
     ),
 )
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

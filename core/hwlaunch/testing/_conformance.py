@@ -13,7 +13,8 @@ pytest collects the subclass (its name starts with ``Test``) and runs every chec
 the installed plugin: registration, spec validation, probes without side effects (in a fresh
 interpreter, through ``sys.modules``) and fast, a consistent start-method rule, the resolver's
 plan against the rule (with facts assumed where the hardware is absent), and the worker's
-lifecycle under the uni and mp executors (skipped, with the reason, where the device is absent).
+lifecycle under each executor of ``executors`` as its declared capabilities say (skipped, with
+the reason, where the device is absent).
 
 This module imports pytest; ``import hwlaunch`` never imports it.
 """
@@ -35,14 +36,24 @@ from typing import Any, ClassVar
 import pytest
 
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
+from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.plan import Plan
 from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
 from hwlaunch.planning.policy import adjust
 from hwlaunch.planning.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
-from hwlaunch.planning.rules import decide
+from hwlaunch.planning.rules import LOCAL, SINGLE, decide
 from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import START_METHODS, BackendSpec
+from hwlaunch.testing._capabilities import (
+    lifecycle_cases,
+    local_rank_of,
+    own_processes,
+    ray_cases,
+    sets_binding,
+    two_node_cluster,
+    world_size_for,
+)
 from hwlaunch.worker import Worker
 
 __all__ = ["BackendConformance", "LifecycleProbe"]
@@ -193,8 +204,11 @@ class BackendConformance:
         them: ``("acme.device_count=8",)`` (or a mapping); added to ``<backend>.available=true``
         and ``<backend>.device_count=2``.
     ``executors``
-        The executors whose worker lifecycle is checked: ``("uni", "mp", "ray")`` by default
-        (ray: a real two-node cluster on 127.0.0.1, skipped where Ray is not installed).
+        The executors whose worker lifecycle is checked: ``("uni", "mp", "ray")`` by default;
+        add your own executor's name to check your backend under it. What runs comes from each
+        executor's declared capabilities, never its name: every start method the backend
+        allows for one that declares ``start_method``, a real two-node cluster on 127.0.0.1
+        for one that declares ``ray`` (skipped where Ray is not installed).
     ``vendor_modules``
         The vendor's runtime modules; like torch and Ray, the probes must not import them.
     ``absent_env``
@@ -216,6 +230,27 @@ class BackendConformance:
     probe_budget_s: ClassVar[float] = 0.05
 
     # -- helpers -------------------------------------------------------------------------------
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """The lifecycle cases of ``executors``, by the capabilities each one declares."""
+        specs = _registry(tuple(sys.path)).executor_specs
+        owner = type(self).__name__
+        if "lifecycle_executor" in metafunc.fixturenames:
+            cases = lifecycle_cases(self.executors, specs, owner)
+            metafunc.parametrize(("lifecycle_executor", "lifecycle_method"), cases)
+        if "ray_executor" in metafunc.fixturenames:
+            cases = ray_cases(self.executors, specs, owner)
+            metafunc.parametrize("ray_executor", cases)
+
+    def executor_spec(self, name: str) -> ExecutorSpec:
+        """The executor as a plugin registered it; fails with the registered names otherwise."""
+        specs = _registry(tuple(sys.path)).executor_specs
+        if name not in specs:
+            pytest.fail(
+                f"executor {name!r} of {type(self).__name__}.executors is not registered "
+                f"(registered: {', '.join(sorted(specs))})"
+            )
+        return specs[name]
+
     def registered(self) -> RegisteredBackend:
         """The backend as the registry holds it; fails with every plugin failure otherwise."""
         if not self.backend:
@@ -266,7 +301,7 @@ class BackendConformance:
         spec = self.spec()
         count = facts.devices[spec.name].device_count
         world = min(2, count) if spec.is_accelerator else 2
-        values: dict[str, object] = {"backend": spec.name, "world_size": world, "executor": "mp"}
+        values: dict[str, object] = {"backend": spec.name, "world_size": world, "executor": LOCAL}
         values.update(overrides)
         chosen = _overrides(**values)
         plan = decide({spec.name: spec}, facts, chosen)
@@ -405,7 +440,7 @@ class BackendConformance:
             {**plan.to_dict(), "source": plan.decision("start_method").source},
             {
                 "backend": spec.name,
-                "executor": "mp",
+                "executor": LOCAL,  # the rules' choice for local workers
                 "start_method": self.default_method(spec, facts.os_start_methods),
                 "source": f"rule of backend {spec.name}",
                 "dist_backend": spec.dist_backend,
@@ -418,7 +453,7 @@ class BackendConformance:
         if plan.start_method == "forkserver":
             assert spec.worker.partition(":")[0] in plan.preload, f"preload: {plan.preload}"
         single = self.plan(facts, world_size=1, executor=None)
-        assert single.executor == "uni", f"world size 1 gave executor {single.executor!r}"
+        assert single.executor == SINGLE, f"world size 1 gave executor {single.executor!r}"
 
     def test_plan_when_fork_is_unsafe(self) -> None:
         spec = self.spec()
@@ -508,8 +543,7 @@ class BackendConformance:
         from hwlaunch.executor.launcher import launch
 
         spec = self.spec()
-        if executor not in self.executors:
-            pytest.skip(f"executor {executor!r} is not in {type(self).__name__}.executors")
+        chosen = self.executor_spec(executor)
         facts = gather_facts({spec.name: spec})
         device = facts.devices[spec.name]
         if not device.available:
@@ -518,14 +552,13 @@ class BackendConformance:
                 f"no {spec.name} device on this machine{why}: the worker lifecycle needs the "
                 "hardware; the rule and resolver checks ran with the device assumed"
             )
+        if method is not None and not chosen.start_method:
+            pytest.skip(f"executor {executor!r} does not declare start_method")
         if method is not None and method not in spec.start_methods.allowed:
             pytest.skip(f"backend {spec.name} does not allow start method {method!r}")
         if method is not None and method not in facts.os_start_methods:
             pytest.skip(f"this OS does not offer start method {method!r}")
-        # One device per worker for an accelerator: two workers where two devices exist.
-        world = (
-            1 if executor == "uni" else min(2, device.device_count) if spec.is_accelerator else 2
-        )
+        world = world_size_for(chosen, spec, device.device_count)
         propagated = self.propagation_env()
         for name, value in propagated.items():
             monkeypatch.setenv(name, value)
@@ -551,25 +584,26 @@ class BackendConformance:
             reports = workers.collective_rpc("conformance_report", timeout=RPC_TIMEOUT)
             sums = workers.collective_rpc("all_reduce_rank", timeout=RPC_TIMEOUT)
             workers.check_health()
-        self.check_lifecycle(plan, executor, reports, sums, markers)
+        self.check_lifecycle(plan, reports, sums, markers)
         visible = [
             _documented_visibility(spec, r, world, parent_visible, facts) for r in range(world)
         ]
-        self.check_contract(plan, executor, reports, visible, propagated)
+        self.check_contract(plan, chosen, reports, visible, propagated)
 
     def check_contract(
         self,
         plan: Plan,
-        executor: str,
+        executor: ExecutorSpec,
         reports: list[Any],
         visible: list[str | None],
         propagated: dict[str, str],
     ) -> None:
-        """Contract v1 in the workers: the binding's variable (mp), each setup hook once per
-        worker, the propagated variables, Ray's opt-out variable, one process per rank."""
+        """Contract v1 in the workers, as the executor's capabilities promise: the binding's
+        variable where hwlaunch sets it, each setup hook once per worker, the propagated
+        variables, Ray's opt-out variable (``ray``), one process per rank (not ``in_process``)."""
         spec, world = self.spec(), plan.world_size
         for rank, report in enumerate(reports):
-            if executor == "mp":
+            if sets_binding(executor):
                 assert report["visible"] == visible[rank], (
                     f"rank {rank}: {spec.device_control_env_var} is {report['visible']!r}; binding "
                     f"{spec.device_binding!r} documents {visible[rank]!r}"
@@ -582,29 +616,27 @@ class BackendConformance:
                 f"rank {rank}: propagated variables arrived as {report['propagated']}, "
                 f"expected {propagated}"
             )
-        if executor == "ray" and plan.ray_noset_visibility_var:
+        if executor.ray and plan.ray_noset_visibility_var:
             noset = [r["ray_noset"] for r in reports]
             assert noset == ["1"] * world, f"{plan.ray_noset_visibility_var} in the actors: {noset}"
-        if executor != "uni":
+        if own_processes(executor):
             pids = [r["pid"] for r in reports]
-            assert len(set(pids)) == world and os.getpid() not in pids, f"worker pids {pids}"
+            assert len(set(pids)) == world and os.getpid() not in pids, (
+                f"worker pids {pids}, this process {os.getpid()}: executor {executor.name!r} "
+                "does not declare in_process, so each rank must run in a process of its own"
+            )
 
     def check_lifecycle(
-        self, plan: Plan, executor: str, reports: list[Any], sums: list[Any], markers: Path
+        self, plan: Plan, reports: list[Any], sums: list[Any], markers: Path
     ) -> None:
         """What every rank reported after start-up, the all-reduce, and its shutdown marker."""
         world = plan.world_size
         for rank, report in enumerate(reports):
-            _same(
-                f"rank {rank} after start-up",
-                report,
-                {
-                    "rank": rank,
-                    "local_rank": 0 if executor == "ray" else rank,  # ray: one rank per node
-                    "world_size": world,
-                    "is_backend_worker": True,
-                },
-            )
+            expected = {"rank": rank, "world_size": world, "is_backend_worker": True}
+            local = local_rank_of(rank, world, plan.nnodes)
+            if local is not None:  # the ranks of a node are contiguous
+                expected["local_rank"] = local
+            _same(f"rank {rank} after start-up", report, expected)
             assert report["device"] is not None, "init_device() must set self.device"
             assert report["dist_initialized"], "init_distributed() did not join a process group"
             assert report["dist_backend"] == plan.dist_backend, (
@@ -620,54 +652,31 @@ class BackendConformance:
                 f"rank {rank}: shutdown() did not leave the process group (call super().shutdown())"
             )
 
-    # mp first: the uni executor runs the worker in this process, which may initialize the
-    # device here and make fork unsafe for whatever follows.
-    def test_lifecycle_mp_fork(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.run_lifecycle("mp", "fork", tmp_path, monkeypatch)
+    def test_lifecycle(
+        self,
+        lifecycle_executor: str,
+        lifecycle_method: str | None,
+        tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Each executor of ``executors`` that starts workers here, under each start method the
+        backend allows where it declares ``start_method``."""
+        self.run_lifecycle(lifecycle_executor, lifecycle_method, tmp_path, monkeypatch)
 
-    def test_lifecycle_mp_spawn(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.run_lifecycle("mp", "spawn", tmp_path, monkeypatch)
-
-    def test_lifecycle_mp_forkserver(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.run_lifecycle("mp", "forkserver", tmp_path, monkeypatch)
-
-    def test_lifecycle_uni(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.run_lifecycle("uni", None, tmp_path, monkeypatch)
-
-    def test_lifecycle_ray_two_nodes(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-        """Two ranks on two Ray nodes (a real cluster on 127.0.0.1): setup once per actor, and
-        the propagated variables arrive through Ray's runtime environment, not inheritance
-        (they are set only after the nodes started)."""
-        if "ray" not in self.executors:
-            pytest.skip(f"executor 'ray' is not in {type(self).__name__}.executors")
-        cluster_utils = pytest.importorskip("ray.cluster_utils")
+    def test_lifecycle_ray_two_nodes(
+        self, ray_executor: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Two ranks on two Ray nodes (a real cluster on 127.0.0.1), for each executor of
+        ``executors`` that declares ``ray``: setup once per actor, and the propagated variables
+        arrive through Ray's runtime environment, not inheritance (they are set only after the
+        nodes started)."""
         spec = self.spec()
         if not gather_facts({spec.name: spec}).devices[spec.name].available:
             pytest.skip(f"no {spec.name} device on this machine")
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        node: dict[str, Any] = {
-            "num_cpus": 1,
-            "object_store_memory": 100 * 1024**2,
-            "node_ip_address": "127.0.0.1",
-        }
-        if spec.ray_resource == "GPU":
-            node["num_gpus"] = 1
-        elif spec.ray_resource != "CPU":
-            node["resources"] = {spec.ray_resource: 1}
-        cluster = cluster_utils.Cluster(
-            initialize_head=True, head_node_args={**node, "include_dashboard": False}
-        )
-        try:
-            cluster.add_node(**node)
-            cluster.wait_for_nodes()
+        with two_node_cluster(spec) as address:
             self.run_lifecycle(
-                "ray", None, tmp_path, monkeypatch, nnodes=2, ray_address=cluster.address
+                ray_executor, None, tmp_path, monkeypatch, nnodes=2, ray_address=address
             )
-        finally:
-            ray = sys.modules.get("ray")
-            if ray is not None and ray.is_initialized():
-                ray.shutdown()  # Ray refuses to remove a node this process is connected to
-            cluster.shutdown()
 
     # -- contract v1: policy, binding, propagated names ---------------------------------------
     def test_policy_proposals_respect_the_rule(self) -> None:

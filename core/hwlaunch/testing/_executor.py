@@ -12,6 +12,10 @@ listed and its class is a ``hwlaunch.Executor``), results in rank order, a worke
 WorkerError from the lowest failing rank (the executor stays usable), a failed start as
 WorkerStartupError, an idempotent shutdown after which calls are refused, and no process left
 behind after a normal shutdown, a failed start, or leaving the ``with`` block on an exception.
+Then the worker contract of :class:`BackendConformance`'s lifecycle check, run under this
+executor with ``backend``, as the executor's declared capabilities say (each start method the
+backend allows for ``start_method``, a two-node Ray cluster for ``ray``, one process per rank
+unless ``in_process``): a vendor's executor is held to what a built-in is.
 
 Executors that adopt a launcher's ranks (``needs_launcher``) run only under that launcher:
 the class skips them, with the reason.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import psutil
@@ -31,6 +36,9 @@ from hwlaunch.executor.base import Executor
 from hwlaunch.executor.launcher import launch, registered_executor
 from hwlaunch.planning.registry import load_registry
 from hwlaunch.planning.resolver import resolve
+from hwlaunch.spec import START_METHODS
+from hwlaunch.testing._capabilities import two_node_cluster
+from hwlaunch.testing._conformance import BackendConformance
 from hwlaunch.worker import Worker
 
 __all__ = ["ExecutorConformance"]
@@ -65,6 +73,29 @@ class ExecutorConformance:
     world_size: ClassVar[int | None] = None  # default: 2, or the executor's max_world_size
 
     # -- helpers ---------------------------------------------------------------------------
+    def pytest_generate_tests(self, metafunc: pytest.Metafunc) -> None:
+        """The worker contract once per start method where the executor declares
+        ``start_method``, else once (``ray``: on two nodes)."""
+        if "contract_method" not in metafunc.fixturenames:
+            return
+        spec = load_registry().executor_specs.get(self.executor)
+        if spec is not None and spec.start_method:
+            metafunc.parametrize("contract_method", START_METHODS, ids=START_METHODS)
+        else:
+            ray = spec is not None and spec.ray
+            metafunc.parametrize(
+                "contract_method", [None], ids=["two-nodes" if ray else self.executor]
+            )
+
+    def backend_kit(self) -> BackendConformance:
+        """The backend suite, checking ``backend`` under this executor only."""
+        kit: type[BackendConformance] = type(
+            f"{type(self).__name__}Backend",
+            (BackendConformance,),
+            {"backend": self.backend, "executors": (self.executor,)},
+        )
+        return kit()
+
     @pytest.fixture(autouse=True)
     def _applicable(self) -> None:
         spec = load_registry().executor_specs.get(self.executor)
@@ -143,3 +174,17 @@ class ExecutorConformance:
         with pytest.raises(KeyError), self.start() as executor:
             pids.update(executor.collective_rpc(_pid))
             raise KeyError("leaving the block")
+
+    def test_worker_contract(
+        self, contract_method: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The backend suite's lifecycle under this executor; one rank on each node of a real
+        two-node Ray cluster where it declares ``ray``."""
+        kit = self.backend_kit()
+        if not load_registry().executor_specs[self.executor].ray:
+            kit.run_lifecycle(self.executor, contract_method, tmp_path, monkeypatch)
+            return
+        with two_node_cluster(kit.spec()) as address:
+            kit.run_lifecycle(
+                self.executor, None, tmp_path, monkeypatch, nnodes=2, ray_address=address
+            )

@@ -37,10 +37,10 @@ flag store on each side.
 *Alternate areas*: a large message goes into a free area other than the last large message's,
 on both sides (requests into two chunks in turn, each reader's large replies into its two
 reply areas in turn). A CPU that reads a megabyte keeps most of it in its cache; the other
-side's CPU writing the same memory right after must take every line from it first, which on
-the 2-CPU machine measured made a 1 MiB write cost two to four times a plain copy. By the time
-an area comes round again, its reader has moved the other message (and what its call touched)
-through its cache, and the write costs a copy (``benchmarks/alternate_areas.py``).
+side's CPU writing the same memory right after must take every line from it first, which
+makes the write cost several plain copies. By the time an area comes round again, its reader
+has moved the other message (and what its call touched) through its cache, and the write
+costs a copy (the figures: docs/performance.md, "Alternate areas").
 
 A message larger than a chunk (or a reply larger than a slot) goes into a *spill* file instead:
 one more anonymous memory file per direction (the parent's requests; each rank's replies),

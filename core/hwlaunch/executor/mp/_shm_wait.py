@@ -35,9 +35,9 @@ __all__ = [
 
 BLOCK_STEP = 0.1  # the longest a blocked party sleeps before it looks again (a second guard)
 # A yield that gives the CPU away for longer than this means that another task needed it for a
-# time slice (the scheduler's smallest is 0.75 ms; a woken worker's first round takes up to
-# ~0.2 ms): polling would cost that task a slice per round, so the waiting side blocks
-# instead, and polls again only after QUIET_AFTER_CONTENTION seconds.
+# time slice (the scheduler's smallest is 0.75 ms; a woken worker's first round is far shorter:
+# docs/performance.md, "Waiting"): polling would cost that task a slice per round, so the
+# waiting side blocks instead, and polls again only after QUIET_AFTER_CONTENTION seconds.
 CONTENDED_YIELD = 500e-6
 QUIET_AFTER_CONTENTION = 0.25
 # One late yield alone is not taken for contention: on a virtual machine the host takes a CPU
@@ -45,15 +45,15 @@ QUIET_AFTER_CONTENTION = 0.25
 # call of the next QUIET_AFTER_CONTENTION seconds a wake-up for nothing. A task that needs the
 # CPU takes a slice at every yield, so a second late yield this soon after confirms it, if this
 # thread waited on its run queue meanwhile (a task of this machine ran in its place): where
-# the host took the CPU, nothing of this machine ran, and a VM can see ten such hiccups a
-# second, two of them within CONFIRM_WITHIN most of the time.
+# the host took the CPU, nothing of this machine ran, and a VM sees many such hiccups a second,
+# often two within CONFIRM_WITHIN (docs/performance.md, "Waiting").
 CONFIRM_WITHIN = 0.1
 _SCHEDSTAT = "/proc/thread-self/schedstat"  # Linux: run time, run-queue wait (ns), slices
 # Looks at the flags before the first yield: a short call's answer is often a few microseconds
 # away, and a yield (a system call) would see it up to a microsecond late. Only where every
 # party (the parent too) has a CPU of its own: where one shares its CPU with another that is
-# about to answer, the looks keep that one waiting (2 workers on 2 CPUs: a named no-op took
-# 31 µs with them, 19 µs without; benchmarks/named_noop.py --workers 2).
+# about to answer, the looks keep that one waiting (the figures, 2 workers on 2 CPUs:
+# docs/performance.md, "Waiting").
 EAGER_LOOKS = 100
 
 _fence_lock = threading.Lock()
@@ -129,8 +129,8 @@ class Spinner:
     whole virtual CPU, leave it unchanged), another task needs the CPU; polling then costs that
     task a time slice per round, so this party stops polling (the wait blocks) for
     ``QUIET_AFTER_CONTENTION`` seconds. The count of runnable tasks is no guide: on a machine
-    that other programs keep loaded (a load average of 5 on 2 CPUs) polling still answered a
-    no-op in 16 µs where blocking took 60 µs.
+    that other programs keep loaded, polling still answers a no-op several times faster than
+    blocking (the figures: docs/performance.md, "Waiting").
     """
 
     def __init__(self, window: float, eager_looks: int = EAGER_LOOKS) -> None:

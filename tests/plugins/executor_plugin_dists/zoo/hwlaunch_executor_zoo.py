@@ -1,4 +1,4 @@
-"""Executor plugins for the tests: two that work, and three broken in different ways."""
+"""Executor plugins for the tests: two that work, and four broken in different ways."""
 
 from __future__ import annotations
 
@@ -14,6 +14,26 @@ class Inline:
                 name="inline",
                 executor="hwlaunch_executor_zoo_inline:InlineExecutor",
                 description="the worker on the caller's own thread",
+                max_world_size=1,
+                max_nodes=1,
+                in_process=True,
+            )
+        )
+
+
+class Liar:
+    """The inline executor under a spec that does not declare ``in_process``: it promises a
+    process of its own for its rank and keeps it in the caller's. The conformance suite's
+    worker contract, driven by the declared capabilities, must catch it."""
+
+    @staticmethod
+    @hookimpl
+    def hwlaunch_register_executors(register: RegisterExecutor) -> None:
+        register(
+            ExecutorSpec(
+                name="zoo-liar",
+                executor="hwlaunch_executor_zoo_inline:InlineExecutor",
+                description="claims a process per rank, runs the worker inline",
                 max_world_size=1,
                 max_nodes=1,
             )
