@@ -66,7 +66,8 @@ def _process_claims(plan: Plan) -> list[str]:
             f"start_methods (assumed {','.join(plan.facts.os_start_methods)}; this OS offers "
             f"{','.join(offered)}, not {plan.start_method})"
         )
-    if "threads" in plan.facts.assumed and plan.start_method == "fork":
+    forks = plan.start_kind is not None and plan.start_kind.copies_parent
+    if "threads" in plan.facts.assumed and forks:
         from hwlaunch.planning.fork_safety import judge_threads
         from hwlaunch.planning.threads import probe_threads
 
