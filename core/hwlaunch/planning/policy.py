@@ -5,7 +5,7 @@ code: the only impure part), which return their proposals as data; ``apply_to_dr
 drops each one, writing only the draft of the plan (``planning.drafting``), from (spec,
 overrides, environment names, proposals). Both run before the plan is frozen, so a Plan is made
 once, with the plugins' part in it; the start method a plugin sets brings its fork warning and
-its preload through the same functions the rules use (``fork_warning``, ``StartMethodKind.preload``).
+its preload through the same functions the rules use (``fork_warning``, ``preload_decision``).
 A proposal is dropped, with a warning naming the plugin, when the user set the value
 (keyword, flag, ``HWLAUNCH_*``, config file; for ``env``, a variable of the driver's own
 environment too), when it breaks the backend's start-method rule, or when an earlier plugin in
@@ -23,7 +23,7 @@ from hwlaunch.plan import Plan
 from hwlaunch.planning.drafting import Draft
 from hwlaunch.planning.registry import ENV_STRICT, Registry
 from hwlaunch.planning.settings import Overrides
-from hwlaunch.planning.start_method import fork_warning, judge, preload_of
+from hwlaunch.planning.start_method import fork_warning, judge, preload_decision
 from hwlaunch.planning.threads_budget import THREAD_VARS
 from hwlaunch.spec import BackendSpec, StartMethod, select_env
 
@@ -112,20 +112,14 @@ class _Policy:
         draft.values["start_method"] = method
         draft.decide("start_method", method, source, reason)
         fork_warning(self.spec, method, self.warnings)
-        kind = kind_of(method)
-        if before is not None and kind.fork_server == before.fork_server:
+        if before is not None and kind_of(method).fork_server == before.fork_server:
             return
-        preload = kind.preload(preload_of(self.spec))
-        draft.values["preload"] = preload
-        if preload:
-            draft.decide(
-                "preload",
-                list(preload),
-                f"rule of backend {self.spec.name}",
-                "imported once by the fork server so workers start fast",
-            )
-        else:
+        preload = preload_decision(self.spec, method)
+        draft.values["preload"] = () if preload is None else tuple(preload.value)
+        if preload is None:
             draft.forget("preload")
+        else:
+            draft.decide(preload.setting, preload.value, preload.source, preload.reason)
 
     def env(self, p: Proposal) -> None:
         config = self.overrides.config

@@ -11,7 +11,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from hwlaunch._checks import did_you_mean, unknown_name_message
-from hwlaunch._start_methods import kind_of
 from hwlaunch.channels import SPIN_WITH_FREE_CPUS
 from hwlaunch.errors import BackendUnavailableError, ConfigError
 from hwlaunch.executor_spec import ExecutorSpec
@@ -21,7 +20,7 @@ from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.output import worker_output
 from hwlaunch.planning.room import check_room
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
-from hwlaunch.planning.start_method import preload_of, start_method
+from hwlaunch.planning.start_method import preload_decision, start_method
 from hwlaunch.planning.threads_budget import thread_budget
 from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import BackendSpec, backend_aliases
@@ -162,16 +161,11 @@ def _startup_timeout(spec: BackendSpec, overrides: Overrides, notes: Notes) -> S
 
 def _preload(spec: BackendSpec, method: str | None, notes: Notes) -> tuple[str, ...]:
     """What the fork server imports; nothing for a start method without one."""
-    preload = () if method is None else kind_of(method).preload(preload_of(spec))
-    if not preload:
+    decision = preload_decision(spec, method)
+    if decision is None:
         return ()
-    notes.note(
-        "preload",
-        list(preload),
-        f"rule of backend {spec.name}",
-        "imported once by the fork server so workers start fast",
-    )
-    return preload
+    notes.decisions.append(decision)
+    return tuple(decision.value)
 
 
 def _registered_executors() -> dict[str, ExecutorSpec]:

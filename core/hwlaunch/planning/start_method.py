@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from hwlaunch._start_methods import FORK, SPAWN, kind_of
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
 from hwlaunch.executor_spec import ExecutorSpec
+from hwlaunch.plan import Decision
 from hwlaunch.planning.fork_safety import judge_threads, reasons
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import Overrides, Sourced
@@ -26,6 +27,7 @@ __all__ = [
     "judge",
     "main_guard_rule",
     "note_threads",
+    "preload_decision",
     "preload_of",
     "reimport_error",
     "start_method",
@@ -155,6 +157,16 @@ def fork_error(spec: BackendSpec, source: str, hazard: ForkHazard) -> StartMetho
 def preload_of(spec: BackendSpec) -> tuple[str, ...]:
     """What the fork server imports for this backend: the rule's modules, then the worker's."""
     return tuple(dict.fromkeys((*spec.start_methods.preload, spec.worker.partition(":")[0])))
+
+
+def preload_decision(spec: BackendSpec, method: str | None) -> Decision | None:
+    """What is imported once before the workers start with ``method``, as the plan shows it
+    (the rules' method or a plugin's): the fork server's preload, or None without one."""
+    preload = () if method is None else kind_of(method).preload(preload_of(spec))
+    if not preload:
+        return None
+    reason = "imported once by the fork server so workers start fast"
+    return Decision("preload", list(preload), f"rule of backend {spec.name}", reason)
 
 
 def not_offered(method: str, source: str, facts: RuntimeFacts) -> StartMethodError:
