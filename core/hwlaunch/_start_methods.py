@@ -48,10 +48,11 @@ class StartMethodKind:
     """One start method and what follows from it.
 
     ``copies_parent``: the child is a copy of this process (fork): its threads' locks, an
-    initialized device runtime and its open file descriptors come along, so fork-safety facts
-    matter, the child must close the parent's pipe ends, and its ``__main__`` is the parent's.
+    initialized device runtime and its open file descriptors come along, so the fork-safety
+    facts matter (``<backend>.initialized``, ``threads``, ``in_ray_actor``), the child must
+    close the parent's pipe ends, and its ``__main__`` is the parent's.
     ``reimports_main``: the child re-imports the caller's ``__main__`` (spawn and forkserver),
-    so the main guard matters; its arguments, the plan among them, travel pickled.
+    so the ``main_guard`` fact matters; its arguments, the plan among them, travel pickled.
     ``fork_server``: children fork from hwlaunch's fork server (``executor.mp._forkserver``),
     which imports the preload once and holds the environment the workers start from.
     ``starts``: how a worker starts, in a sentence for people (``{backend}`` and ``{preload}``
