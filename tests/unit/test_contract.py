@@ -385,11 +385,13 @@ def test_propagated_names_shown_values_never(monkeypatch: pytest.MonkeyPatch) ->
     value."""
     monkeypatch.setenv("GLOO_SECRET_TOKEN", SECRET)
     s = spec(propagate_env=("GLOO_SECRET_*",))
-    plan = plan_for(s, facts_for(s))
-    from hwlaunch.planning.policy import adjust
+    from hwlaunch.planning.drafting import Draft
+    from hwlaunch.planning.policy import settle
     from hwlaunch.planning.registry import Registry
 
-    plan = adjust(plan, Registry(), s, Overrides(), {"GLOO_SECRET_TOKEN": SECRET}, strict=True)
+    draft = Draft.of(plan_for(s, facts_for(s)))
+    settle(draft, Registry(), s, Overrides(), {"GLOO_SECRET_TOKEN": SECRET}, strict=True)
+    plan = draft.freeze()
     assert plan.decision("propagate_env").value == ["GLOO_SECRET_TOKEN"]
     assert SECRET not in plan.explain() and SECRET not in json.dumps(plan.to_dict())
     env = worker_environment(plan, 0, 0, "127.0.0.1", 1)

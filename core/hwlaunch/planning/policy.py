@@ -226,20 +226,6 @@ def settle(
     draft.notes.warnings += warnings
 
 
-def adjust(
-    plan: Plan,
-    registry: Registry,
-    spec: BackendSpec,
-    overrides: Overrides,
-    environ: Mapping[str, str],
-    strict: bool,
-) -> Plan:
-    """``settle`` for a frozen plan (the conformance suite, tests): the plan made again."""
-    draft = Draft.of(plan)
-    settle(draft, registry, spec, overrides, environ, strict)
-    return draft.freeze()
-
-
 def _setup_and_names(draft: Draft, setup: tuple[str, ...], environ: Mapping[str, str]) -> None:
     """The worker-setup plugins and the propagated names (never values) as decisions."""
     draft.values["worker_setup"] = setup
