@@ -219,6 +219,28 @@ def test_accepted_start_method_shows_its_plugin_and_reason_and_sets_preload() ->
     assert plan.preload == ("hwlaunch.plugins.cpu.worker",)
 
 
+def test_a_plugins_fork_server_is_applied_to_the_draft_before_the_plan_is_made() -> None:
+    """The rules' draft, then the proposal, then one Plan: the preload decision the fork server
+    brings is there once, and a later proposal back to fork takes it out again."""
+    from hwlaunch.planning.drafting import Draft
+    from hwlaunch.planning.policy import apply_to_draft
+    from hwlaunch.planning.rules import draft_plan
+
+    s = spec()
+    overrides = Overrides(explicit={"backend": Sourced("npu", "t"), "world_size": Sourced(2, "t")})
+    draft = draft_plan({s.name: s}, facts_for(s), overrides)
+    assert draft.values["start_method"] == "fork" and draft.values["preload"] == ()
+    served = Proposal("site", "start_method", "forkserver", "site rule")
+    assert apply_to_draft(draft, s, overrides, [served]) == []
+    plan = draft.freeze()
+    assert (plan.start_method, plan.preload) == ("forkserver", ("hwlaunch.plugins.cpu.worker",))
+    assert [d.setting for d in plan.decisions].count("preload") == 1
+    back = Draft.of(plan)
+    apply_to_draft(back, s, overrides, [Proposal("other", "start_method", "fork", "faster")])
+    again = back.freeze()
+    assert again.preload == () and "preload" not in [d.setting for d in again.decisions]
+
+
 @pytest.mark.parametrize(
     ("proposal", "assumed", "why"),
     [
