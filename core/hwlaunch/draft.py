@@ -9,14 +9,14 @@ nothing of that layer, so the contract's hookspecs can name the type.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from hwlaunch._checks import did_you_mean, env_value_problem
 from hwlaunch.errors import PluginError
-from hwlaunch.plan import Decision, Plan
+from hwlaunch.plan import Decision
 from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import START_METHODS, BackendSpec
 
@@ -36,10 +36,22 @@ class Proposal:
     reason: str
 
 
+class Decided(Protocol):
+    """What a draft shows of the plan being decided: a Plan, or the planning layer's draft of
+    one before it is frozen."""
+
+    @property
+    def decisions(self) -> Sequence[Decision]: ...
+    @property
+    def facts(self) -> RuntimeFacts | None: ...
+    @property
+    def executor(self) -> str: ...
+
+
 class PlanDraft:
     """What ``hwlaunch_adjust_plan`` receives: the decided plan, read-only, and ``propose``."""
 
-    def __init__(self, plan: Plan, spec: BackendSpec, plugin: str) -> None:
+    def __init__(self, plan: Decided, spec: BackendSpec, plugin: str) -> None:
         self._plan = plan
         self._spec = spec
         self._plugin = plugin

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hwlaunch._data import fields_of
+from hwlaunch._start_methods import StartMethodKind, kind_of
 from hwlaunch.channels import DEFAULT_RPC_CHANNEL
 from hwlaunch.console import DEFAULT_CONSOLE_PREFIX
 from hwlaunch.runtime_facts import RuntimeFacts
@@ -86,6 +87,12 @@ class Plan:
     console_ranks: tuple[int, ...] | None = None
     log_dir: str | None = None
     log_run_dir: str | None = None
+
+    @property
+    def start_kind(self) -> StartMethodKind | None:
+        """The start method as an object (what it copies, re-imports, preloads); None for an
+        executor that starts no local processes. ``start_method`` stays its name, as in JSON."""
+        return None if self.start_method is None else kind_of(self.start_method)
 
     def decision(self, setting: str) -> Decision:
         for decision in self.decisions:

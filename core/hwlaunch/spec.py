@@ -16,10 +16,11 @@ from typing import Any, Literal
 
 from hwlaunch import contract
 from hwlaunch._checks import env_value_problem, is_env_name
+from hwlaunch._start_methods import FORK, kind_of
+from hwlaunch._start_methods import START_METHODS as START_METHODS  # the public names' home
+from hwlaunch._start_methods import StartMethod as StartMethod
 from hwlaunch.errors import PluginError
 
-StartMethod = Literal["fork", "spawn", "forkserver"]
-START_METHODS: tuple[StartMethod, ...] = ("fork", "spawn", "forkserver")
 DeviceBinding = Literal["per_worker", "job_wide", "none"]
 DEVICE_BINDINGS: tuple[DeviceBinding, ...] = ("per_worker", "job_wide", "none")
 
@@ -71,13 +72,13 @@ class StartMethodRule:
             raise _fail("start_methods.fork_unsafe_after_init", "must be a bool")
         if self.fallback is not None:
             _check_method("start_methods.fallback", self.fallback)
-            if self.fallback == "fork" or self.fallback not in self.allowed:
+            if kind_of(self.fallback).copies_parent or self.fallback not in self.allowed:
                 raise _fail(
                     "start_methods.fallback",
                     f"{self.fallback!r} must be a non-fork method among allowed "
                     f"{list(self.allowed)}",
                 )
-        if self.fork_unsafe_after_init and "fork" in self.allowed and self.fallback is None:
+        if self.fork_unsafe_after_init and FORK.name in self.allowed and self.fallback is None:
             raise _fail(
                 "start_methods.fallback",
                 "required when fork_unsafe_after_init is true (spawn or forkserver)",

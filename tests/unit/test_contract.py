@@ -219,6 +219,28 @@ def test_accepted_start_method_shows_its_plugin_and_reason_and_sets_preload() ->
     assert plan.preload == ("hwlaunch.plugins.cpu.worker",)
 
 
+def test_a_plugins_fork_server_is_applied_to_the_draft_before_the_plan_is_made() -> None:
+    """The rules' draft, then the proposal, then one Plan: the preload decision the fork server
+    brings is there once, and a later proposal back to fork takes it out again."""
+    from hwlaunch.planning.drafting import Draft
+    from hwlaunch.planning.policy import apply_to_draft
+    from hwlaunch.planning.rules import draft_plan
+
+    s = spec()
+    overrides = Overrides(explicit={"backend": Sourced("npu", "t"), "world_size": Sourced(2, "t")})
+    draft = draft_plan({s.name: s}, facts_for(s), overrides)
+    assert draft.values["start_method"] == "fork" and draft.values["preload"] == ()
+    served = Proposal("site", "start_method", "forkserver", "site rule")
+    assert apply_to_draft(draft, s, overrides, [served]) == []
+    plan = draft.freeze()
+    assert (plan.start_method, plan.preload) == ("forkserver", ("hwlaunch.plugins.cpu.worker",))
+    assert [d.setting for d in plan.decisions].count("preload") == 1
+    back = Draft.of(plan)
+    apply_to_draft(back, s, overrides, [Proposal("other", "start_method", "fork", "faster")])
+    again = back.freeze()
+    assert again.preload == () and "preload" not in [d.setting for d in again.decisions]
+
+
 @pytest.mark.parametrize(
     ("proposal", "assumed", "why"),
     [
@@ -385,11 +407,13 @@ def test_propagated_names_shown_values_never(monkeypatch: pytest.MonkeyPatch) ->
     value."""
     monkeypatch.setenv("GLOO_SECRET_TOKEN", SECRET)
     s = spec(propagate_env=("GLOO_SECRET_*",))
-    plan = plan_for(s, facts_for(s))
-    from hwlaunch.planning.policy import adjust
+    from hwlaunch.planning.drafting import Draft
+    from hwlaunch.planning.policy import settle
     from hwlaunch.planning.registry import Registry
 
-    plan = adjust(plan, Registry(), s, Overrides(), {"GLOO_SECRET_TOKEN": SECRET}, strict=True)
+    draft = Draft.of(plan_for(s, facts_for(s)))
+    settle(draft, Registry(), s, Overrides(), {"GLOO_SECRET_TOKEN": SECRET}, strict=True)
+    plan = draft.freeze()
     assert plan.decision("propagate_env").value == ["GLOO_SECRET_TOKEN"]
     assert SECRET not in plan.explain() and SECRET not in json.dumps(plan.to_dict())
     env = worker_environment(plan, 0, 0, "127.0.0.1", 1)

@@ -3,6 +3,11 @@
 Why here: a plan made for an imagined machine, or a worker extension that cannot be imported,
 would otherwise fail in every worker, deep in torch or in the worker's import, one traceback
 per rank. The driver can say it once, naming the cause.
+
+Nothing here decides again: the start method and the rest of the plan stay as resolved. What is
+checked is what may differ between the facts the plan was made from and this process at launch
+(a plan resolved with assumed facts, or elsewhere): a fact the plan relied on that is false here
+refuses the launch, with the fact named.
 """
 
 from __future__ import annotations
@@ -66,7 +71,8 @@ def _process_claims(plan: Plan) -> list[str]:
             f"start_methods (assumed {','.join(plan.facts.os_start_methods)}; this OS offers "
             f"{','.join(offered)}, not {plan.start_method})"
         )
-    if "threads" in plan.facts.assumed and plan.start_method == "fork":
+    forks = plan.start_kind is not None and plan.start_kind.copies_parent
+    if "threads" in plan.facts.assumed and forks:
         from hwlaunch.planning.fork_safety import judge_threads
         from hwlaunch.planning.threads import probe_threads
 

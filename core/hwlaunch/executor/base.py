@@ -107,7 +107,7 @@ class Executor(ABC):
         self._background = BackgroundCalls()  # where non_block calls run, in call order
         self.state = ClosedState()  # closed, why, and the first death
         self._extension = encode_extension(worker_extension)
-        if plan.start_method in ("spawn", "forkserver"):
+        if plan.start_kind is not None and plan.start_kind.pickles_arguments:
             why = f"{plan.start_method} pickles the plan for each worker"
             check_picklable(plan, "plan", ForkingPickler.dumps, why, _PLAN_FIX)
         self._init_distributed = init_distributed

@@ -1,9 +1,12 @@
 """Plan policy: what plugins propose through ``hwlaunch_adjust_plan``, and which proposals hold.
 
-Two steps, kept apart so that the rules stay pure. ``collect`` calls the plugins' hooks (plugin
-code: the only impure part) and returns their proposals as data; ``apply_proposals`` is a pure
-function of (plan, spec, overrides, environment names, proposals) that accepts or drops each
-one. A proposal is dropped, with a warning naming the plugin, when the user set the value
+Two steps, kept apart so that the rules stay pure. ``settle`` calls the plugins' hooks (plugin
+code: the only impure part), which return their proposals as data; ``apply_to_draft`` accepts or
+drops each one, writing only the draft of the plan (``planning.drafting``), from (spec,
+overrides, environment names, proposals). Both run before the plan is frozen, so a Plan is made
+once, with the plugins' part in it; the start method a plugin sets brings its fork warning and
+its preload through the same functions the rules use (``fork_warning``, ``preload_decision``).
+A proposal is dropped, with a warning naming the plugin, when the user set the value
 (keyword, flag, ``HWLAUNCH_*``, config file; for ``env``, a variable of the driver's own
 environment too), when it breaks the backend's start-method rule, or when an earlier plugin in
 hook order already took the setting.
@@ -12,15 +15,15 @@ hook order already took the setting.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import replace
-from typing import Any
 
+from hwlaunch._start_methods import kind_of
 from hwlaunch.draft import PlanDraft, Proposal
 from hwlaunch.errors import PluginError
-from hwlaunch.plan import Decision, Plan
+from hwlaunch.plan import Plan
+from hwlaunch.planning.drafting import Draft
 from hwlaunch.planning.registry import ENV_STRICT, Registry
 from hwlaunch.planning.settings import Overrides
-from hwlaunch.planning.start_method import judge, preload_of
+from hwlaunch.planning.start_method import fork_warning, judge, preload_decision
 from hwlaunch.planning.threads_budget import THREAD_VARS
 from hwlaunch.spec import BackendSpec, StartMethod, select_env
 
@@ -33,17 +36,17 @@ def consulted(plugin_backends: Mapping[str, Sequence[str]], backend: str, name: 
 
 
 class _Policy:
-    """Applies proposals one by one to a plan; pure."""
+    """Applies proposals one by one to a draft; pure but for the draft it writes."""
 
     def __init__(
         self,
-        plan: Plan,
+        draft: Draft,
         spec: BackendSpec,
         overrides: Overrides,
         environ_names: Collection[str],
         claimed: dict[str, str],
     ) -> None:
-        self.plan = plan
+        self.draft = draft
         self.spec = spec
         self.overrides = overrides
         self.environ_names = environ_names
@@ -59,15 +62,6 @@ class _Policy:
             self.drop(p, f"plugin {owner} (earlier in hook order) already set {key}")
             return True
         return False
-
-    def decide(self, setting: str, value: Any, source: str, reason: str) -> None:
-        new = Decision(setting, value, source, reason)
-        old = self.plan.decisions
-        if any(d.setting == setting for d in old):
-            decisions = tuple(new if d.setting == setting else d for d in old)
-        else:
-            decisions = (*old, new)
-        self.plan = replace(self.plan, decisions=decisions)
 
     def apply(self, p: Proposal) -> None:
         if p.setting == "env":
@@ -87,21 +81,18 @@ class _Policy:
         source = f"plugin {p.plugin}"
         if p.setting == "start_method":
             self.set_start_method(p.value, source, p.reason)
-        elif p.setting == "preload":
-            self.plan = replace(self.plan, preload=p.value)
-            self.decide("preload", list(p.value), source, p.reason)
-        else:
-            self.plan = replace(self.plan, **{p.setting: p.value})
-            self.decide(p.setting, p.value, source, p.reason)
+            return
+        self.draft.values[p.setting] = p.value
+        shown = list(p.value) if p.setting == "preload" else p.value
+        self.draft.decide(p.setting, shown, source, p.reason)
 
     def check_start_method(self, method: str) -> str | None:
         """Why the proposed method cannot hold, by the same check a user's request meets
         (``judge``); a fork that would only be risky is refused too, as the rules refuse it."""
-        spec, plan = self.spec, self.plan
-        assert plan.facts is not None
-        if plan.start_method is None:  # the executor uses no start method
-            return f"the {plan.executor} executor starts no local processes"
-        verdict = judge(spec, method, "a plugin's proposal", plan.facts)
+        draft = self.draft
+        if draft.start_kind is None:  # the executor uses no start method
+            return f"the {draft.executor} executor starts no local processes"
+        verdict = judge(self.spec, method, "a plugin's proposal", draft.facts)
         if verdict.error is not None:
             return verdict.why
         if verdict.risk is not None:
@@ -109,35 +100,26 @@ class _Policy:
         return None
 
     def check_preload(self, _: tuple[str, ...]) -> str | None:
-        if self.plan.start_method != "forkserver":
-            return (
-                f"only the fork server preloads, and the start method is {self.plan.start_method}"
-            )
+        kind = self.draft.start_kind
+        if kind is None or not kind.fork_server:
+            return f"only the fork server preloads, and the start method is {kind}"
         return None
 
     def set_start_method(self, method: StartMethod, source: str, reason: str) -> None:
-        plan = self.plan
-        self.plan = replace(plan, start_method=method)
-        self.decide("start_method", method, source, reason)
-        if method == "fork" and self.spec.start_methods.fork_warning:
-            self.warnings.append(
-                f"backend {self.spec.name}: {self.spec.start_methods.fork_warning}"
-            )
-        if method == "forkserver" and plan.start_method != "forkserver":
-            preload = preload_of(self.spec)
-            self.plan = replace(self.plan, preload=preload)
-            self.decide(
-                "preload",
-                list(preload),
-                f"rule of backend {self.spec.name}",
-                "imported once by the fork server so workers start fast",
-            )
-        elif method != "forkserver" and plan.start_method == "forkserver":
-            self.plan = replace(
-                self.plan,
-                preload=(),
-                decisions=tuple(d for d in self.plan.decisions if d.setting != "preload"),
-            )
+        """The plugin's method, and what follows from it: the backend's fork warning, and the
+        fork server's preload when the method gains or loses a fork server."""
+        draft, before = self.draft, self.draft.start_kind
+        draft.values["start_method"] = method
+        draft.decide("start_method", method, source, reason)
+        fork_warning(self.spec, method, self.warnings)
+        if before is not None and kind_of(method).fork_server == before.fork_server:
+            return
+        preload = preload_decision(self.spec, method)
+        draft.values["preload"] = () if preload is None else tuple(preload.value)
+        if preload is None:
+            draft.forget("preload")
+        else:
+            draft.decide(preload.setting, preload.value, preload.source, preload.reason)
 
     def env(self, p: Proposal) -> None:
         config = self.overrides.config
@@ -151,23 +133,42 @@ class _Policy:
             one = Proposal(p.plugin, "env", {key: value}, p.reason)
             if key in user:
                 self.drop(one, f"the user set {key} ({user[key]})")
-            elif key in THREAD_VARS and self.plan.cpu_threads is not None:
+            elif key in THREAD_VARS and self.draft.values["cpu_threads"] is not None:
                 self.drop(one, f"{key} is the thread budget's (set cpu_threads instead)")
             elif key in self.environ_names:
                 self.drop(one, f"{key} is set in the driver's environment")
             elif not self.taken(one, f"env {key}"):
                 self.claimed[f"env {key}"] = p.plugin
                 accepted[key] = value
-        if not accepted:
-            return
-        env = {**self.plan.env, **accepted}
-        old = next((d for d in self.plan.decisions if d.setting == "env"), None)
+        if accepted:
+            self.add_env(p, accepted)
+
+    def add_env(self, p: Proposal, accepted: dict[str, str]) -> None:
+        draft = self.draft
+        env = {**draft.values["env"], **accepted}
+        old = next((d for d in draft.decisions if d.setting == "env"), None)
         base_source = old.source if old is not None and old.source != "none" else ""
         source = " + ".join(filter(None, (base_source, f"plugin {p.plugin}")))
         reason = f"{old.reason if old else 'extra environment for workers'}; plugin {p.plugin} "
         reason += f"sets {', '.join(sorted(accepted))}: {p.reason}"
-        self.plan = replace(self.plan, env=env)
-        self.decide("env", env, source, reason)
+        draft.values["env"] = env
+        draft.decide("env", env, source, reason)
+
+
+def apply_to_draft(
+    draft: Draft,
+    spec: BackendSpec,
+    overrides: Overrides,
+    proposals: Sequence[Proposal],
+    environ_names: Collection[str] = (),
+    claimed: dict[str, str] | None = None,
+) -> list[str]:
+    """Every acceptable proposal applied to ``draft``; a warning for each dropped one."""
+    policy = _Policy(draft, spec, overrides, environ_names, {} if claimed is None else claimed)
+    # A plugin's start method first: whether its preload holds depends on it.
+    for p in sorted(proposals, key=lambda p: p.setting != "start_method"):
+        policy.apply(p)
+    return policy.warnings
 
 
 def apply_proposals(
@@ -178,24 +179,23 @@ def apply_proposals(
     environ_names: Collection[str] = (),
     claimed: dict[str, str] | None = None,
 ) -> tuple[Plan, list[str]]:
-    """The plan with every acceptable proposal applied, and a warning for each dropped one."""
-    policy = _Policy(plan, spec, overrides, environ_names, {} if claimed is None else claimed)
-    # A plugin's start method first: whether its preload holds depends on it.
-    for p in sorted(proposals, key=lambda p: p.setting != "start_method"):
-        policy.apply(p)
-    return policy.plan, policy.warnings
+    """``apply_to_draft`` for a frozen plan (table tests): the new plan and the warnings."""
+    draft = Draft.of(plan)
+    warnings = apply_to_draft(draft, spec, overrides, proposals, environ_names, claimed)
+    return draft.freeze(), warnings
 
 
-def adjust(
-    plan: Plan,
+def settle(
+    draft: Draft,
     registry: Registry,
     spec: BackendSpec,
     overrides: Overrides,
     environ: Mapping[str, str],
     strict: bool,
-) -> Plan:
-    """The plugins' part of a plan: policy proposals, the worker-setup plugins, and the names of
-    the variables that reach the workers from the driver's environment (never their values)."""
+) -> None:
+    """The plugins' part of a draft, before it is frozen: policy proposals, the worker-setup
+    plugins, and the names of the variables that reach the workers from the driver's
+    environment (never their values)."""
     owners = registry.plugin_backends()
     claimed: dict[str, str] = {}
     warnings: list[str] = []
@@ -203,9 +203,9 @@ def adjust(
         name = impl.plugin_name
         if not consulted(owners, spec.name, name):
             continue
-        draft = PlanDraft(plan, spec, name)
+        proposed = PlanDraft(draft, spec, name)
         try:
-            registry.call(impl.plugin, "hwlaunch_adjust_plan", draft=draft)
+            registry.call(impl.plugin, "hwlaunch_adjust_plan", draft=proposed)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # as at registration: a plugin never breaks the caller
@@ -214,45 +214,32 @@ def adjust(
                 raise PluginError(f"{text} (an error because {ENV_STRICT} is set)") from exc
             warnings.append(f"{text}; its proposals are ignored")
             continue
-        plan, dropped = apply_proposals(
-            plan, spec, overrides, draft.proposals, frozenset(environ), claimed
+        warnings += apply_to_draft(
+            draft, spec, overrides, proposed.proposals, frozenset(environ), claimed
         )
-        warnings += dropped
     setup = tuple(
         impl.plugin_name
         for impl in registry.hook_impls("hwlaunch_worker_setup")
         if consulted(owners, spec.name, impl.plugin_name)
     )
-    return _with_setup_and_names(plan, setup, environ, warnings)
+    _setup_and_names(draft, setup, environ)
+    draft.notes.warnings += warnings
 
 
-def _with_setup_and_names(
-    plan: Plan, setup: tuple[str, ...], environ: Mapping[str, str], warnings: list[str]
-) -> Plan:
+def _setup_and_names(draft: Draft, setup: tuple[str, ...], environ: Mapping[str, str]) -> None:
     """The worker-setup plugins and the propagated names (never values) as decisions."""
-    decisions = list(plan.decisions)
+    draft.values["worker_setup"] = setup
     if setup:
-        decisions.append(
-            Decision(
-                "worker_setup",
-                list(setup),
-                "plugins",
-                "hwlaunch_worker_setup runs in every worker before init_device, in this order",
-            )
+        draft.decide(
+            "worker_setup",
+            list(setup),
+            "plugins",
+            "hwlaunch_worker_setup runs in every worker before init_device, in this order",
         )
-    if plan.propagate_env:
-        names = sorted(select_env(environ, plan.propagate_env))
-        decisions = [
-            Decision(
-                d.setting, names, d.source, f"{d.reason}; patterns: {', '.join(plan.propagate_env)}"
-            )
-            if d.setting == "propagate_env"
-            else d
-            for d in decisions
-        ]
-    return replace(
-        plan,
-        decisions=tuple(decisions),
-        worker_setup=setup,
-        warnings=tuple(dict.fromkeys((*plan.warnings, *warnings))),
-    )
+    patterns = draft.values["propagate_env"]
+    old = next((d for d in draft.decisions if d.setting == "propagate_env"), None)
+    if patterns and old is not None:
+        names = sorted(select_env(environ, patterns))
+        draft.decide(
+            old.setting, names, old.source, f"{old.reason}; patterns: {', '.join(patterns)}"
+        )

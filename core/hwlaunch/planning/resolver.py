@@ -16,9 +16,9 @@ from hwlaunch.plan import Plan
 from hwlaunch.planning import settings
 from hwlaunch.planning._config import collect_overrides
 from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
-from hwlaunch.planning.policy import adjust
+from hwlaunch.planning.policy import settle
 from hwlaunch.planning.registry import Registry, default_registry, strict_from_env
-from hwlaunch.planning.rules import decide
+from hwlaunch.planning.rules import decide, draft_plan
 from hwlaunch.planning.settings import Sourced
 
 __all__ = ["decide", "resolve", "resolve_with_sources"]
@@ -53,10 +53,12 @@ def resolve_with_sources(
     requested = overrides.lookup("backend")
     if requested is not None and requested.value in set(registry.excluded) - set(specs):
         raise BackendUnavailableError(registry.unknown_backend(requested.value, requested.source))
-    plan = decide(specs, facts, overrides, problems, registry.executor_specs)
-    # The plugins' part, after the pure rules: their hooks are plugin code (policy.adjust).
+    draft = draft_plan(specs, facts, overrides, problems, registry.executor_specs)
+    # The plugins' part, after the pure rules and before the plan is frozen: their hooks are
+    # plugin code (policy.settle).
     strict = strict_from_env(os.environ)
-    return adjust(plan, registry, specs[plan.backend], overrides, os.environ, strict)
+    settle(draft, registry, specs[draft.values["backend"]], overrides, os.environ, strict)
+    return draft.freeze()
 
 
 def resolve(

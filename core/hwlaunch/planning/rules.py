@@ -15,16 +15,17 @@ from hwlaunch.channels import SPIN_WITH_FREE_CPUS
 from hwlaunch.errors import BackendUnavailableError, ConfigError
 from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.plan import SIGKILL_AFTER, ExecutorName, Plan
+from hwlaunch.planning.drafting import Draft
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.output import worker_output
 from hwlaunch.planning.room import check_room
 from hwlaunch.planning.settings import BY_NAME, Overrides, Sourced
-from hwlaunch.planning.start_method import preload_of, start_method
+from hwlaunch.planning.start_method import preload_decision, start_method
 from hwlaunch.planning.threads_budget import thread_budget
 from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import BackendSpec, backend_aliases
 
-__all__ = ["decide"]
+__all__ = ["decide", "draft_plan"]
 
 # How close (difflib ratio) a [backends.<name>] must be to a registered name to count as a typo:
 # 'cdua' (0.75) is a typo of 'cuda', while 'npu' or 'tpu' (0.67 to 'cpu') are other vendors.
@@ -44,6 +45,18 @@ def decide(
 ) -> Plan:
     """The pure core of resolution: the rules applied in order, into a Plan. ``executors``
     defaults to the registered ones."""
+    return draft_plan(specs, facts, overrides, plugin_problems, executors).freeze()
+
+
+def draft_plan(
+    specs: Mapping[str, BackendSpec],
+    facts: RuntimeFacts,
+    overrides: Overrides,
+    plugin_problems: Iterable[str] = (),
+    executors: Mapping[str, ExecutorSpec] | None = None,
+) -> Draft:
+    """The rules applied in order, into a draft the plugins' proposals may still change
+    (``policy.settle``) before it is frozen."""
     executors = _registered_executors() if executors is None else executors
     notes = Notes(facts, warnings=list(plugin_problems))
     check_backend_tables(specs, overrides, notes)
@@ -66,7 +79,7 @@ def decide(
     startup = _startup_timeout(spec, overrides, notes)
     rpc_channel, rpc_spin = _rpc_settings(runs, overrides, notes)
     operation = _operation(spec, overrides, notes)
-    return Plan(
+    values: dict[str, Any] = dict(
         backend=spec.name,
         world_size=world.value,
         nnodes=nodes.value,
@@ -84,10 +97,8 @@ def decide(
         rpc_channel=rpc_channel,
         rpc_spin=rpc_spin,
         max_restarts=max_restarts(runs, overrides, notes),
-        **worker_output(runs, overrides, notes, world.value),  # noted before decisions= below
+        **worker_output(runs, overrides, notes, world.value),
         cpu_threads=threads,
-        decisions=tuple(notes.decisions),
-        warnings=tuple(dict.fromkeys(notes.warnings)),
         facts=facts,
         device_binding=str(spec.device_binding),
         propagate_env=spec.propagate_env,
@@ -95,6 +106,7 @@ def decide(
         ranks_from_launcher=runs.needs_launcher,
         **operation,
     )
+    return Draft(values, notes)
 
 
 DEFAULT_SHUTDOWN_TIMEOUT = 5.0  # seconds, for a backend that declares no shutdown_timeout
@@ -148,17 +160,12 @@ def _startup_timeout(spec: BackendSpec, overrides: Overrides, notes: Notes) -> S
 
 
 def _preload(spec: BackendSpec, method: str | None, notes: Notes) -> tuple[str, ...]:
-    """What the fork server imports; nothing unless the start method is forkserver."""
-    if method != "forkserver":
+    """What the fork server imports; nothing for a start method without one."""
+    decision = preload_decision(spec, method)
+    if decision is None:
         return ()
-    preload = preload_of(spec)
-    notes.note(
-        "preload",
-        list(preload),
-        f"rule of backend {spec.name}",
-        "imported once by the fork server so workers start fast",
-    )
-    return preload
+    notes.decisions.append(decision)
+    return tuple(decision.value)
 
 
 def _registered_executors() -> dict[str, ExecutorSpec]:

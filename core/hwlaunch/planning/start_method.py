@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hwlaunch._start_methods import FORK, SPAWN, kind_of
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
 from hwlaunch.executor_spec import ExecutorSpec
+from hwlaunch.plan import Decision
 from hwlaunch.planning.fork_safety import judge_threads, reasons
 from hwlaunch.planning.notes import Notes
 from hwlaunch.planning.settings import Overrides, Sourced
@@ -21,9 +23,11 @@ __all__ = [
     "ForkHazard",
     "Verdict",
     "fork_hazard",
+    "fork_warning",
     "judge",
     "main_guard_rule",
     "note_threads",
+    "preload_decision",
     "preload_of",
     "reimport_error",
     "start_method",
@@ -129,19 +133,20 @@ def judge(spec: BackendSpec, method: str, source: str, facts: RuntimeFacts) -> V
     if method not in rule.allowed:
         why = f"the rule of backend {spec.name} allows only {', '.join(rule.allowed)}"
         return Verdict(disallowed(method, source, spec), why)
-    if method == "fork":
+    kind = kind_of(method)
+    if kind.copies_parent:
         hazard = fork_hazard(spec, facts)
         if hazard is not None and hazard.fatal:
             return Verdict(fork_error(spec, source, hazard), f"fork is unsafe: {hazard.why}")
         return Verdict(risk=None if hazard is None else hazard.why)
-    if facts.main_guard.status in REIMPORT_UNSAFE:
+    if kind.reimports_main and facts.main_guard.status in REIMPORT_UNSAFE:
         why = f"{method} would re-import __main__: {facts.main_guard.problem()}"
         return Verdict(guard_error(method, source, spec, facts), why)
     return Verdict()
 
 
 def fork_error(spec: BackendSpec, source: str, hazard: ForkHazard) -> StartMethodError:
-    fallback = spec.start_methods.fallback or "spawn"
+    fallback = spec.start_methods.fallback or SPAWN.name
     return StartMethodError(
         f"start method 'fork' from {source} cannot work: {hazard.why} ({hazard.consequence})."
         f' Fix: use start method {fallback!r} (with an `if __name__ == "__main__":` guard), or '
@@ -152,6 +157,16 @@ def fork_error(spec: BackendSpec, source: str, hazard: ForkHazard) -> StartMetho
 def preload_of(spec: BackendSpec) -> tuple[str, ...]:
     """What the fork server imports for this backend: the rule's modules, then the worker's."""
     return tuple(dict.fromkeys((*spec.start_methods.preload, spec.worker.partition(":")[0])))
+
+
+def preload_decision(spec: BackendSpec, method: str | None) -> Decision | None:
+    """What is imported once before the workers start with ``method``, as the plan shows it
+    (the rules' method or a plugin's): the fork server's preload, or None without one."""
+    preload = () if method is None else kind_of(method).preload(preload_of(spec))
+    if not preload:
+        return None
+    reason = "imported once by the fork server so workers start fast"
+    return Decision("preload", list(preload), f"rule of backend {spec.name}", reason)
 
 
 def not_offered(method: str, source: str, facts: RuntimeFacts) -> StartMethodError:
@@ -189,13 +204,19 @@ def start_method(
     else:
         method, source, reason, away = _default(spec, notes)
         method, source, reason = main_guard_rule(spec, method, source, reason, notes)
-        if away is not None and method != "fork":
+        if away is not None and not kind_of(method).copies_parent:
             notes.warn(f"using start method {method!r} instead of fork: {away}")
-    if method == "fork" and spec.start_methods.fork_warning:
-        notes.warn(f"backend {spec.name}: {spec.start_methods.fork_warning}")
+    fork_warning(spec, method, notes.warnings)
     notes.note("start_method", method, source, reason)
     note_threads(notes)
     return method
+
+
+def fork_warning(spec: BackendSpec, method: str, warnings: list[str]) -> None:
+    """The backend's warning for a child that copies this process (HPU: fork can hang at
+    exit), added to ``warnings`` whenever such a method is chosen, by a rule or a plugin."""
+    if kind_of(method).copies_parent and spec.start_methods.fork_warning:
+        warnings.append(f"backend {spec.name}: {spec.start_methods.fork_warning}")
 
 
 def not_used_reason(executor: ExecutorSpec) -> str:
@@ -267,7 +288,7 @@ def _default(spec: BackendSpec, notes: Notes) -> tuple[StartMethod, str, str, st
             f"default {rule.default!r} is not offered by this OS"
             f"{facts.mark('start_methods')} (offered: {', '.join(offered)})"
         )
-    hazard = fork_hazard(spec, facts) if method == "fork" else None
+    hazard = fork_hazard(spec, facts) if kind_of(method).copies_parent else None
     if hazard is None:
         return method, source, reason, None
     fallback = _fallback(spec, hazard, facts)
@@ -287,7 +308,7 @@ def _fallback(
     only a risk."""
     rule, offered = spec.start_methods, facts.os_start_methods
     ranked = [rule.fallback] if rule.fallback else []
-    ranked += [m for m in rule.allowed if m != "fork" and m not in ranked]
+    ranked += [m for m in rule.allowed if not kind_of(m).copies_parent and m not in ranked]
     usable = [m for m in ranked if m in offered]
     if not usable and not hazard.fatal:
         return None
@@ -304,14 +325,7 @@ def _fallback(
         why = f"the rule's fallback {rule.fallback!r} is not offered by this OS{facts.mark('start_methods')}"
     else:
         why = f"backend {spec.name} names no fallback"
-    if method == "forkserver":
-        how = (
-            f"a fork server, started fresh, imports {', '.join(preload_of(spec))} once and "
-            f"each worker is forked from it, so workers start fast and none inherits the "
-            f"{spec.name} state of this process"
-        )
-    else:
-        how = "each worker starts a fresh interpreter and imports everything itself"
+    how = kind_of(method).how_workers_start(spec.name, preload_of(spec))
     return method, f"{why}; {how}"
 
 
@@ -325,9 +339,9 @@ def main_guard_rule(
     the same check in ``judge``.) Returns the (method, source, reason) to use."""
     facts = notes.facts
     guard = facts.main_guard
-    if method == "fork" or guard.status not in REIMPORT_UNSAFE:
+    if not kind_of(method).reimports_main or guard.status not in REIMPORT_UNSAFE:
         return method, source, reason
-    fork = judge(spec, "fork", f"rule of backend {spec.name}", facts)
+    fork = judge(spec, FORK.name, f"rule of backend {spec.name}", facts)
     if fork.error is not None:
         raise guard_error(method, source, spec, facts)
     risk = f", although {fork.risk}" if fork.risk else ""
@@ -337,7 +351,7 @@ def main_guard_rule(
     )
     where = guard_location(facts)
     reason = f"fork is the only method that can work: main guard {guard.status} ({where})"
-    return "fork", notes.fact("main_guard"), reason
+    return FORK.name, notes.fact("main_guard"), reason
 
 
 def guard_location(facts: RuntimeFacts) -> str:
@@ -348,14 +362,14 @@ def guard_location(facts: RuntimeFacts) -> str:
 def guard_error(
     method: str, source: str, spec: BackendSpec, facts: RuntimeFacts
 ) -> MissingMainGuardError:
-    fork = judge(spec, "fork", f"rule of backend {spec.name}", facts)
+    fork = judge(spec, FORK.name, f"rule of backend {spec.name}", facts)
     hazard = fork_hazard(spec, facts)
     if fork.error is None:
         risk = f"; mind that {fork.risk}" if fork.risk else ""
         alternative = f", or use start method 'fork' (allowed by backend {spec.name}{risk})"
-    elif "fork" not in spec.start_methods.allowed:
+    elif FORK.name not in spec.start_methods.allowed:
         alternative = f" (fork is not an option: backend {spec.name} does not allow it)"
-    elif "fork" not in facts.os_start_methods:
+    elif FORK.name not in facts.os_start_methods:
         alternative = (
             f" (fork is not an option: this OS does not offer it{facts.mark('start_methods')})"
         )

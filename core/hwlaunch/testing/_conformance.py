@@ -35,13 +35,14 @@ from typing import Any, ClassVar
 
 import pytest
 
+from hwlaunch._start_methods import FORK, kind_of
 from hwlaunch.errors import MissingMainGuardError, StartMethodError
 from hwlaunch.executor_spec import ExecutorSpec
 from hwlaunch.plan import Plan
 from hwlaunch.planning.facts import apply_assumptions, gather_facts, parse_assumptions
-from hwlaunch.planning.policy import adjust
+from hwlaunch.planning.policy import settle
 from hwlaunch.planning.registry import ENV_BLOCK, RegisteredBackend, Registry, load_registry
-from hwlaunch.planning.rules import LOCAL, SINGLE, decide
+from hwlaunch.planning.rules import LOCAL, SINGLE, draft_plan
 from hwlaunch.planning.settings import Overrides, Sourced
 from hwlaunch.runtime_facts import RuntimeFacts
 from hwlaunch.spec import START_METHODS, BackendSpec
@@ -304,10 +305,10 @@ class BackendConformance:
         values: dict[str, object] = {"backend": spec.name, "world_size": world, "executor": LOCAL}
         values.update(overrides)
         chosen = _overrides(**values)
-        plan = decide({spec.name: spec}, facts, chosen)
-        if not plugins:
-            return plan
-        return adjust(plan, _registry(tuple(sys.path)), spec, chosen, os.environ, strict=True)
+        draft = draft_plan({spec.name: spec}, facts, chosen)
+        if plugins:
+            settle(draft, _registry(tuple(sys.path)), spec, chosen, os.environ, strict=True)
+        return draft.freeze()
 
     def propagation_env(self) -> dict[str, str]:
         """One variable per ``propagate_env`` prefix, holding :data:`SECRET`; plain names are
@@ -419,13 +420,13 @@ class BackendConformance:
         assert set(rule.allowed) <= set(START_METHODS), f"unknown methods in {rule.allowed}"
         assert rule.default in rule.allowed, f"default {rule.default!r} not in {rule.allowed}"
         if rule.fallback is not None:
-            assert rule.fallback in rule.allowed and rule.fallback != "fork", (
+            assert rule.fallback in rule.allowed and not kind_of(rule.fallback).copies_parent, (
                 f"fallback {rule.fallback!r} must be an allowed method other than fork"
             )
-        if rule.fork_unsafe_after_init and "fork" in rule.allowed:
+        if rule.fork_unsafe_after_init and FORK.name in rule.allowed:
             assert rule.fallback is not None, "fork can become unsafe, but there is no fallback"
         if rule.fork_warning is not None:
-            assert "fork" in rule.allowed, "fork_warning is set but fork is not allowed"
+            assert FORK.name in rule.allowed, "fork_warning is set but fork is not allowed"
         assert any(m in offered for m in rule.allowed), (
             f"this OS offers {list(offered)}, none of the allowed {list(rule.allowed)}"
         )
@@ -450,7 +451,7 @@ class BackendConformance:
             },
         )
         assert dict(spec.worker_env).items() <= plan.env.items(), f"worker_env missing: {plan.env}"
-        if plan.start_method == "forkserver":
+        if plan.start_kind is not None and plan.start_kind.fork_server:
             assert spec.worker.partition(":")[0] in plan.preload, f"preload: {plan.preload}"
         single = self.plan(facts, world_size=1, executor=None)
         assert single.executor == SINGLE, f"world size 1 gave executor {single.executor!r}"
@@ -461,15 +462,15 @@ class BackendConformance:
         facts = self.rule_facts(initialized=True)
         offered = facts.os_start_methods
         default = self.default_method(spec, offered)
-        if not (rule.fork_unsafe_after_init and "fork" in rule.allowed):
+        if not (rule.fork_unsafe_after_init and FORK.name in rule.allowed):
             assert self.plan(facts).start_method == default, (
                 "the rule does not make fork unsafe after init, yet an initialized device "
                 "changed the plan"
             )
             return
-        if "fork" not in offered:
+        if FORK.name not in offered:
             pytest.skip("this OS does not offer fork")
-        if default == "fork":
+        if kind_of(default).copies_parent:
             plan = self.plan(facts)
             assert plan.start_method == rule.fallback, (
                 f"the device is initialized, so fork is unsafe: expected the fallback "
@@ -477,7 +478,7 @@ class BackendConformance:
             )
             assert any("instead of fork" in w for w in plan.warnings), plan.warnings
         with pytest.raises(StartMethodError, match="cannot work"):
-            self.plan(facts, start_method="fork")
+            self.plan(facts, start_method=FORK.name)
 
     def test_plan_honours_each_allowed_method(self) -> None:
         spec = self.spec()
@@ -489,7 +490,7 @@ class BackendConformance:
             assert plan.start_method == method, (
                 f"{method!r} requested, {plan.start_method!r} planned"
             )
-            if method == "fork" and spec.start_methods.fork_warning:
+            if kind_of(method).copies_parent and spec.start_methods.fork_warning:
                 warned = any(spec.start_methods.fork_warning in w for w in plan.warnings)
                 assert warned, f"fork_warning missing from {plan.warnings}"
 
@@ -513,20 +514,20 @@ class BackendConformance:
         rule = spec.start_methods
         facts = self.rule_facts(main_guard="unguarded")
         offered = facts.os_start_methods
-        fork_ok = "fork" in rule.allowed and "fork" in offered
+        fork_ok = FORK.name in rule.allowed and FORK.name in offered
         default = self.default_method(spec, offered)
-        if fork_ok or default == "fork":
+        if fork_ok or kind_of(default).copies_parent:
             plan = self.plan(facts)
-            assert plan.start_method == "fork", (
+            assert plan.start_kind is FORK, (
                 f"unguarded main: expected fork, got {plan.start_method!r}\n{plan.explain()}"
             )
-            if default != "fork":
+            if kind_of(default).reimports_main:
                 assert any("guard" in w for w in plan.warnings), plan.warnings
         else:
             with pytest.raises(MissingMainGuardError, match="__main__"):
                 self.plan(facts)
         for method in rule.allowed:
-            if method != "fork" and method in offered:
+            if kind_of(method).reimports_main and method in offered:
                 with pytest.raises(MissingMainGuardError):
                     self.plan(facts, start_method=method)
 
@@ -574,7 +575,7 @@ class BackendConformance:
                 **extra,
             )
         except StartMethodError as exc:
-            if method == "fork" and device.initialized:
+            if method is not None and kind_of(method).copies_parent and device.initialized:
                 pytest.skip(f"fork is unsafe in this test process: {exc}")
             raise
         plan = dataclasses.replace(
@@ -696,10 +697,12 @@ class BackendConformance:
                 assert plan.start_method in rule.allowed, f"{where}: {plan.start_method}"
                 if method is not None:
                     assert plan.start_method == method, f"{where}: user's {method} overridden"
+                kind, asked = plan.start_kind, None if method is None else kind_of(method)
+                assert kind is not None, f"{where}: the mp executor without a start method"
                 if guard == "unguarded":
-                    assert plan.start_method == "fork", f"{where}: {plan.start_method} re-imports"
-                if initialized and rule.fork_unsafe_after_init and method != "fork":
-                    assert plan.start_method != "fork", f"{where}: fork after device init"
+                    assert not kind.reimports_main, f"{where}: {kind} re-imports"
+                if initialized and rule.fork_unsafe_after_init and asked is not FORK:
+                    assert not kind.copies_parent, f"{where}: fork after device init"
                 for d in plan.decisions:
                     if d.source.startswith("plugin "):
                         assert d.reason.strip(), (

@@ -181,7 +181,7 @@ def worker_main(
     """
     _close_inherited(inherited_fds)
     if output is not None:
-        capture_output(output, line_buffered, forked=plan.start_method == "fork")
+        capture_output(output, line_buffered, forked=_forked(plan))
         channel.watch_output((1, 2))
     set_title(plan.backend, rank)
     if replace_environ:  # the parent's whole environment, as it was at launch
@@ -244,6 +244,11 @@ def _build_worker(
     return built[0]
 
 
+def _forked(plan: Plan) -> bool:
+    """This worker is a copy of the driver (its memory, its fds, its ``__main__``)."""
+    return plan.start_kind is not None and plan.start_kind.copies_parent
+
+
 def _keeps_fork(plan: Plan) -> bool:
     """A forked worker whose __main__ no spawn or forkserver child may re-run keeps fork as
     its children's default (Python 3.14's own default would be forkserver)."""
@@ -251,7 +256,7 @@ def _keeps_fork(plan: Plan) -> bool:
     unsafe = guard is not None and (
         guard.status in REIMPORT_UNSAFE or os.path.basename(guard.file or "") == STDIN
     )
-    return plan.start_method == "fork" and unsafe
+    return _forked(plan) and unsafe
 
 
 def _refuse_forked_unsafe_main(plan: Plan) -> None:
@@ -259,7 +264,7 @@ def _refuse_forked_unsafe_main(plan: Plan) -> None:
     the launch, or code read from stdin. (Under spawn/forkserver the resolver made sure the
     main is safe, and reimport_main handles stdin.)"""
     guard = plan.facts.main_guard if plan.facts is not None else None
-    if guard is not None and guard.file and plan.start_method == "fork":
+    if guard is not None and guard.file and _forked(plan):
         if guard.status == "unguarded":
             refuse_reimport(guard.where() or guard.file)
         elif os.path.basename(guard.file) == STDIN:

@@ -1,6 +1,7 @@
 """The mp executor: local worker processes that never hang, never orphan, never go daemonic.
 
-Workers are started with ``multiprocessing.get_context(plan.start_method)``: the global start
+Workers are started through the plan's start method object (``plan.start_kind``: its
+multiprocessing context, or hwlaunch's fork server where it has one): the global start
 method and the parent's ``os.environ`` stay untouched. Workers are not daemonic (so they may
 start children of their own); the death pipe and PR_SET_PDEATHSIG tie them to the parent
 instead. A monitor thread watches the process sentinels, so a worker that dies fails every
@@ -136,9 +137,10 @@ class MultiprocExecutor(Executor):
     def _start_processes(self, extension: bytes | str | None, init_distributed: bool) -> None:
         """Start each rank's process (``_starting``: the rank being started)."""
         plan, group = self.plan, self._group
-        assert plan.start_method is not None
-        ctx = multiprocessing.get_context(plan.start_method)
-        if plan.start_method == "forkserver":
+        kind = plan.start_kind
+        assert kind is not None
+        ctx = kind.context()
+        if kind.fork_server:
             # The server's environment holds what every worker gets before it preloads torch.
             env = {**propagated_environment(plan), **plan.env}
             self._server = server_for(env, plan.preload)
@@ -146,7 +148,7 @@ class MultiprocExecutor(Executor):
         death_r, death_w = ctx.Pipe(duplex=False)
         group.death_w = death_w
         group.channel = open_channel(plan.rpc_channel, plan.world_size, plan.rpc_spin)
-        with quiet_safe_fork(plan.start_method):  # the threads are looked at once per launch
+        with quiet_safe_fork(kind):  # the threads are looked at once per launch
             for rank in range(plan.world_size):
                 self._starting = rank
                 options = self._child_options(rank, extension, init_distributed, master_port)
@@ -169,7 +171,7 @@ class MultiprocExecutor(Executor):
         # fork and spawn children start from this process's environment as it is now; the fork
         # server's children from the server's, as it was when the server started. Sending ours
         # makes every start method see the same variables.
-        forkserver = plan.start_method == "forkserver"
+        forkserver = plan.start_kind is not None and plan.start_kind.fork_server
         environ = dict(os.environ) if forkserver else {}
         # One node: gloo's sockets stay on loopback (by default they bind the address the host
         # name resolves to, often an external one). The user's own setting wins.
@@ -209,8 +211,10 @@ class MultiprocExecutor(Executor):
         stacks_conn, child_stacks = ctx.Pipe()
         group.stack_conns.append(stacks_conn)
         output = self._output.open(rank)
+        kind = self.plan.start_kind
+        assert kind is not None
         inherited: tuple[int, ...] = ()
-        if self.plan.start_method == "fork":
+        if kind.copies_parent:
             inherited = (death_w.fileno(), *(c.fileno() for c in group.conns))
             inherited += (*(c.fileno() for c in group.stack_conns), *channel.child_fds(rank))
             inherited += self._output.parent_fds()
@@ -223,11 +227,11 @@ class MultiprocExecutor(Executor):
         )
         name = f"hwlaunch-{self.plan.backend}-rank{rank}"
         with _global_start_method_kept():
-            entry = main_entry(name) if self.plan.start_method != "fork" else None
+            entry = main_entry(name) if kind.reimports_main else None
         # The worker re-imports __main__ itself (a failure there comes back with its traceback).
         with withholding_main(name, entry) as withheld, _global_start_method_kept():
-            forkserver = self.plan.start_method == "forkserver"
-            process = (ServerProcess if forkserver else ctx.Process)(  # type: ignore[attr-defined]
+            make = ServerProcess if kind.fork_server else ctx.Process  # type: ignore[attr-defined]
+            process = make(
                 target=worker_main,
                 name=name,
                 kwargs=dict(

@@ -23,6 +23,8 @@ import time
 import warnings
 from collections.abc import Iterator
 
+from hwlaunch._start_methods import StartMethodKind
+
 _PROBES, _PROBE_GAP = 3, 0.002  # an ending thread is gone from /proc within microseconds
 _SETTLE = 0.05  # seconds a running native thread is looked at again: the resolve waited already
 _MESSAGE = r"This process \(pid=\d+\) is multi-threaded, use of fork\(\) may lead to deadlocks"
@@ -50,10 +52,10 @@ def only_fork_safe_threads() -> bool:
 
 
 @contextlib.contextmanager
-def quiet_safe_fork(start_method: str | None) -> Iterator[None]:
+def quiet_safe_fork(kind: StartMethodKind) -> Iterator[None]:
     """Around the ``Process.start()`` of a launch's workers: no fork warning caused by
     threads a fork cannot hurt (looked at once, before the first worker starts)."""
-    if start_method != "fork" or not only_fork_safe_threads():
+    if not kind.copies_parent or not only_fork_safe_threads():
         yield
         return
     with warnings.catch_warnings():
