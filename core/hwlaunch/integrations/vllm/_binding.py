@@ -28,7 +28,9 @@ def share_cpus(allowed: Sequence[int], ranks: int, per_rank: int) -> list[list[i
         raise ValueError("no CPUs to share: the process's affinity is empty")
     cpus = sorted(allowed)
     per_rank = max(1, per_rank)
-    return [[cpus[(rank * per_rank + i) % len(cpus)] for i in range(per_rank)] for rank in range(ranks)]
+    return [
+        [cpus[(rank * per_rank + i) % len(cpus)] for i in range(per_rank)] for rank in range(ranks)
+    ]
 
 
 def binding_text(cpu_sets: Sequence[Sequence[int]]) -> str:

@@ -59,7 +59,9 @@ class HwlaunchExecutor(Executor):
             self.parallel_config.tensor_parallel_size
             * self.parallel_config.prefill_context_parallel_size
         )
-        self._workers = hwlaunch.launch(self.plan, worker_extension=EXTENSION, init_distributed=False)
+        self._workers = hwlaunch.launch(
+            self.plan, worker_extension=EXTENSION, init_distributed=False
+        )
         try:
             unset = tuple(
                 name
@@ -73,7 +75,7 @@ class HwlaunchExecutor(Executor):
             self._workers.shutdown()
             raise
 
-    def collective_rpc(  # type: ignore[override]
+    def collective_rpc(
         self,
         method: str | Callable[..., Any],
         timeout: float | None = None,
@@ -84,8 +86,10 @@ class HwlaunchExecutor(Executor):
     ) -> Any:
         """Run ``method`` on vLLM's worker in every rank, vLLM's order of arguments: a list
         in rank order, rank ``unique_reply_rank``'s result alone, or a Future of either."""
-        sent = method if isinstance(method, str) else cloudpickle.dumps(
-            method, protocol=pickle.HIGHEST_PROTOCOL
+        sent = (
+            method
+            if isinstance(method, str)
+            else cloudpickle.dumps(method, protocol=pickle.HIGHEST_PROTOCOL)
         )
         return self._workers.collective_rpc(
             "vllm_call",
@@ -95,14 +99,10 @@ class HwlaunchExecutor(Executor):
             unique_reply_rank=unique_reply_rank,
         )
 
-    def execute_model(  # type: ignore[override]
-        self, scheduler_output: Any, non_block: bool = False
-    ) -> Any:
+    def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
         return self._step("execute_model", scheduler_output, non_block)
 
-    def sample_tokens(  # type: ignore[override]
-        self, grammar_output: Any, non_block: bool = False
-    ) -> Any:
+    def sample_tokens(self, grammar_output: Any, non_block: bool = False) -> Any:
         return self._step("sample_tokens", grammar_output, non_block)
 
     def take_draft_token_ids(self) -> Any:
@@ -124,7 +124,9 @@ class HwlaunchExecutor(Executor):
         if not non_block:
             return aggregator.aggregate(outputs, output_rank=self.output_rank)
         merged: Future[Any] = Future()
-        outputs.add_done_callback(lambda done: _aggregate_into(merged, done, aggregator, self.output_rank))
+        outputs.add_done_callback(
+            lambda done: _aggregate_into(merged, done, aggregator, self.output_rank)
+        )
         return merged
 
     def check_health(self) -> None:
@@ -149,7 +151,7 @@ class HwlaunchExecutor(Executor):
     @property
     def pids(self) -> list[int]:
         """The workers' process ids, in rank order."""
-        return list(self._workers.pids)
+        return list(getattr(self._workers, "pids", ()))
 
     @classmethod
     def supports_async_scheduling(cls) -> bool:

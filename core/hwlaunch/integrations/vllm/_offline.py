@@ -28,7 +28,7 @@ ENGINE_IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
 EXECUTOR = "hwlaunch.integrations.vllm.HwlaunchExecutor"
 
 
-def LLM(model: str, **kwargs: Any) -> Any:  # noqa: N802  (vLLM's name, so users switch by import)
+def LLM(model: str, **kwargs: Any) -> Any:
     """``vllm.LLM(model, **kwargs)`` whose workers are hwlaunch's; ``llm.plan`` is the plan.
 
     ``distributed_executor_backend`` is hwlaunch's (passing another is a ValueError). The
@@ -36,7 +36,11 @@ def LLM(model: str, **kwargs: Any) -> Any:  # noqa: N802  (vLLM's name, so users
     ``prefill_context_parallel_size``, as vLLM computes it.
     """
     backend = kwargs.pop("distributed_executor_backend", None)
-    if backend is not None and backend != EXECUTOR and getattr(backend, "__name__", None) != "HwlaunchExecutor":
+    if (
+        backend is not None
+        and backend != EXECUTOR
+        and getattr(backend, "__name__", None) != "HwlaunchExecutor"
+    ):
         raise ValueError(
             f"hwlaunch.integrations.vllm.LLM runs on hwlaunch's executor, got "
             f"distributed_executor_backend={backend!r}. Fix: leave it out, or use vllm.LLM "

@@ -105,6 +105,7 @@ def _bind_cpus(binding: str | None, local_rank: int, ranks: int) -> None:
 def _unset(names: tuple[str, ...]) -> None:
     for name in names:
         os.environ.pop(name, None)
-    config = sys.modules.get("torch._inductor.config")
+    config: Any = sys.modules.get("torch._inductor.config")
     if config is not None and "TORCHINDUCTOR_COMPILE_THREADS" in names:
-        config.compile_threads = config.decide_compile_threads()  # read at import: decide again
+        # read when the module was imported: decide again, without the variable
+        config.compile_threads = config.decide_compile_threads()
