@@ -13,6 +13,7 @@ def test_driver_with_a_started_openmp_pool_gets_a_safe_start_method(
     tiny_model: Path, engine_tp2: Any, prompts: list[str]
 ) -> None:
     result = run_script("openmp_driver.py", str(tiny_model)).json
+    print(f"start method {result['start_method']} ({result['source']}): {result['reason']}")
     # a forked worker would inherit the pool's locks without its threads and hang in its
     # first matmul: the plan starts the workers another way, and says why
     assert result["start_method"] in ("forkserver", "spawn"), result

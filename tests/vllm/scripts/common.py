@@ -10,8 +10,8 @@ from typing import Any
 
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests/vllm: the shared settings
 
-from tiny_llama import PROMPTS  # noqa: E402
-from vllm_engines import ENGINE, greedy  # noqa: E402
+from tiny_llama import PROMPTS
+from vllm_engines import ENGINE, greedy
 
 __all__ = ["ENGINE", "PROMPTS", "rank_cpus", "report", "token_ids"]
 
