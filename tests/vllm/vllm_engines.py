@@ -29,5 +29,3 @@ def executor_of(llm: Any) -> Any:
 def close(llm: Any) -> None:
     """End the engine and its workers now, not whenever the garbage collector runs."""
     llm.llm_engine.engine_core.shutdown()
-
-
