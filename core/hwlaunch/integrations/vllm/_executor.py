@@ -25,14 +25,12 @@ import vllm.envs as vllm_envs
 from vllm.v1.executor.abstract import Executor
 
 import hwlaunch
-from hwlaunch.integrations.vllm._handoff import PENDING
+from hwlaunch.integrations.vllm._handoff import PENDING, PLATFORM_ONLY_ENV
 from hwlaunch.integrations.vllm._plan import bind_cpus, resolve_for_vllm
 
 __all__ = ["HwlaunchExecutor"]
 
 EXTENSION = "hwlaunch.integrations.vllm._worker:VllmWorker"
-# Written into the driver's environment by vLLM's CPU platform for its daemonic workers only.
-PLATFORM_ONLY_ENV = ("TORCHINDUCTOR_COMPILE_THREADS",)
 # A child of vLLM's logger: the plan appears where vLLM's own messages do, in its format.
 logger = logging.getLogger("vllm.hwlaunch")
 

@@ -13,7 +13,12 @@ from dataclasses import dataclass
 
 from hwlaunch import Plan
 
-__all__ = ["PENDING", "Handoff"]
+__all__ = ["PENDING", "PLATFORM_ONLY_ENV", "Handoff"]
+
+# What vLLM's CPU platform writes into the engine's process for its own executor alone: one
+# compile thread (its workers are daemonic: no compile pool) and spawn for its workers.
+# Neither belongs in hwlaunch's workers, nor in the user's environment once the engine is built.
+PLATFORM_ONLY_ENV = ("TORCHINDUCTOR_COMPILE_THREADS", "VLLM_WORKER_MULTIPROC_METHOD")
 
 
 @dataclass

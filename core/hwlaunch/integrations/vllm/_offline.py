@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hwlaunch.integrations.vllm._handoff import PENDING, Handoff
+from hwlaunch.integrations.vllm._handoff import PENDING, PLATFORM_ONLY_ENV, Handoff
 from hwlaunch.integrations.vllm._plan import resolve_for_vllm
 
 __all__ = ["LLM"]
@@ -57,7 +57,7 @@ def LLM(model: str, **kwargs: Any) -> Any:
 
     token = PENDING.set(handoff)
     try:
-        with _engine_core_here():
+        with _engine_core_here(), _platform_env_undone(handoff.user_environ):
             llm = vllm.LLM(model, distributed_executor_backend=HwlaunchExecutor, **kwargs)
     finally:
         PENDING.reset(token)
@@ -78,3 +78,18 @@ def _engine_core_here() -> Iterator[None]:
             os.environ.pop(ENGINE_IN_PROCESS, None)
         else:
             os.environ[ENGINE_IN_PROCESS] = before
+
+
+@contextmanager
+def _platform_env_undone(user_environ: dict[str, str]) -> Iterator[None]:
+    """Once the engine is built, what vLLM's CPU platform wrote for its own executor alone
+    (``PLATFORM_ONLY_ENV``) is as the user had it: a later engine in this process, and its
+    workers, would otherwise take vLLM's value for the user's."""
+    try:
+        yield
+    finally:
+        for name in PLATFORM_ONLY_ENV:
+            if name in user_environ:
+                os.environ[name] = user_environ[name]
+            else:
+                os.environ.pop(name, None)

