@@ -9,6 +9,7 @@ start is the cost here, some 40-90 s on 2 shared cores); the offline engine is t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -32,12 +33,15 @@ ENGINE_ARGS = [
     arg
     for key, value in ENGINE.items()
     for arg in (
-        [f"--{key.replace('_', '-')}"] if value is True else [f"--{key.replace('_', '-')}", str(value)]
+        [f"--{key.replace('_', '-')}"]
+        if value is True
+        else [f"--{key.replace('_', '-')}", str(value)]
     )
 ]
 READY_WITHIN_S = 300
 GONE_WITHIN_S = 30
 HWLAUNCH = str(Path(sys.executable).with_name("hwlaunch"))  # the console script, as users run it
+
 
 def engine_env() -> dict[str, str]:
     env = dict(os.environ)
@@ -94,8 +98,10 @@ def server(
     log = tmp_path_factory.mktemp("server") / "server.log"
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [HWLAUNCH, "serve-vllm", str(tiny_model), "--tensor-parallel-size", "2"]
-            + ["--host", "127.0.0.1", "--port", str(port), *ENGINE_ARGS],
+            [
+                *(HWLAUNCH, "serve-vllm", str(tiny_model), "--tensor-parallel-size", "2"),
+                *("--host", "127.0.0.1", "--port", str(port), *ENGINE_ARGS),
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             text=True,
@@ -105,13 +111,13 @@ def server(
     try:
         wait_ready(running)
         yield running
-    finally:
-        for process in [psutil.Process(proc.pid), *_tree(proc.pid)]:
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
+    finally:  # whatever a failed test left: the server first, then its tree
+        left = _tree(proc.pid)
+        proc.kill()
         proc.wait(timeout=30)
+        for process in left:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -139,16 +145,18 @@ def test_a_completion_has_the_offline_tokens(server: Server, offline_tokens: lis
     assert "hwlaunch plan for vLLM's workers" in server.output()  # hwlaunch's executor ran
 
 
-def test_the_signal_ends_the_server_and_its_tree(server: Server, request: pytest.FixtureRequest) -> None:
+def test_the_signal_ends_the_server_and_its_tree(
+    server: Server, request: pytest.FixtureRequest
+) -> None:
     name = request.node.callspec.params["server"]
     tree = _tree(server.proc.pid)
-    names = [" ".join(p.cmdline()) for p in tree]  # the titles hwlaunch and vLLM set
+    names = [" ".join(p.cmdline()).strip() for p in tree]  # the titles hwlaunch and vLLM set
     workers = [n for n in names if n.startswith("hwlaunch cpu rank")]
     assert sorted(workers) == ["hwlaunch cpu rank0", "hwlaunch cpu rank1"], names
     assert "VLLM::EngineCore" in names, names
     server.proc.send_signal(getattr(signal, name))
     code = server.proc.wait(timeout=GONE_WITHIN_S)
-    gone, alive = psutil.wait_procs(tree, timeout=GONE_WITHIN_S)
+    _, alive = psutil.wait_procs(tree, timeout=GONE_WITHIN_S)
     assert not alive, f"left after {name}: {[(p.pid, p.name()) for p in alive]}"
     assert code in (0, -getattr(signal, name), 128 + getattr(signal, name)), server.output()[-3000:]
     assert "Traceback" not in server.output()

