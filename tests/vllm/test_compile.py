@@ -14,11 +14,13 @@ from typing import Any
 from vllm_engines import ENGINE, close, executor_of, token_ids
 
 
-def _inductor_threads(worker: Any) -> tuple[str | None, int, int]:
+def _inductor_threads(worker: Any) -> tuple[str | None, int, int, list[str]]:
+    import psutil
     import torch._inductor.config as inductor
 
     variable = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS")
-    return variable, int(inductor.compile_threads), len(os.sched_getaffinity(0))
+    children = [" ".join(p.cmdline())[:120] for p in psutil.Process().children(recursive=True)]
+    return variable, int(inductor.compile_threads), len(os.sched_getaffinity(0)), children
 
 
 def test_compiled_workers_give_the_eager_tokens(
@@ -26,13 +28,13 @@ def test_compiled_workers_give_the_eager_tokens(
 ) -> None:
     from hwlaunch.integrations.vllm import LLM
 
-    assert "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ
     llm = LLM(str(tiny_model), **{**ENGINE, "enforce_eager": False})
     try:
         compiled = token_ids(llm, prompts)
-        [(variable, threads, cpus)] = executor_of(llm).collective_rpc(_inductor_threads)
+        [(variable, threads, cpus, children)] = executor_of(llm).collective_rpc(_inductor_threads)
     finally:
         close(llm)
     assert compiled == token_ids(engine_tp1, prompts)
+    print(f"compile threads {threads} on {cpus} CPUs; the worker's children: {children}")
     assert variable is None
     assert threads == min(32, cpus)  # inductor's default: one compile worker per CPU

@@ -47,6 +47,8 @@ def test_worker_killed_mid_generate_is_reported_naming_its_rank(tiny_model: Path
     llm = LLM(str(tiny_model), tensor_parallel_size=2, **ENGINE)
     executor = executor_of(llm)
     tree = _tree(executor.pids)
+    failed = threading.Event()
+    executor.register_failure_callback(failed.set)
     stop, outcome = threading.Event(), {}
     thread = threading.Thread(target=_generate_until_stopped, args=(llm, stop, outcome))
     try:
@@ -63,6 +65,7 @@ def test_worker_killed_mid_generate_is_reported_naming_its_rank(tiny_model: Path
         assert took < REPORT_WITHIN, f"reported {took:.2f}s after the kill: {error!r}"
         assert "rank 1" in str(error), repr(error)
         assert type(error).__name__ == "WorkerDiedError", repr(error)
+        assert failed.wait(REPORT_WITHIN), "the engine's failure callback was not called"
     finally:
         stop.set()
         close(llm)

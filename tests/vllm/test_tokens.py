@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from vllm_engines import executor_of, token_ids
+from vllm_scripts import run_script
 
 
 def test_tp1_tokens_equal_vllms_own_executor(
@@ -43,3 +45,11 @@ def test_the_engine_runs_on_hwlaunchs_workers_by_its_plan(engine_tp2: Any) -> No
 
 def _rank(worker: Any) -> int:
     return int(worker.rpc_rank)
+
+
+def test_vllms_own_llm_takes_the_executor_by_its_dotted_name(
+    tiny_model: Path, own_executor_tokens: dict[int, list[list[int]]]
+) -> None:
+    finished = run_script("dotted_name.py", str(tiny_model))
+    assert finished.json["tokens"] == own_executor_tokens[2]
+    assert "hwlaunch plan for vLLM's workers" in finished.stderr + finished.stdout

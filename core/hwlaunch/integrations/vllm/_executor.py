@@ -25,7 +25,7 @@ import vllm.envs as vllm_envs
 from vllm.v1.executor.abstract import Executor
 
 import hwlaunch
-from hwlaunch.integrations.vllm._handoff import PENDING, PLATFORM_ONLY_ENV
+from hwlaunch.integrations.vllm._handoff import PENDING
 from hwlaunch.integrations.vllm._plan import bind_cpus, resolve_for_vllm
 
 __all__ = ["HwlaunchExecutor"]
@@ -44,11 +44,10 @@ class HwlaunchExecutor(Executor):
 
     def _init_executor(self) -> None:
         handoff = PENDING.get()
-        user_environ = dict(os.environ) if handoff is None else handoff.user_environ
         world_size = self.parallel_config.world_size
         # Resolved now, not reused from LLM(): the facts (threads, devices) are as they are
         # at the launch, after vLLM built its engine in this process.
-        self.plan = bind_cpus(resolve_for_vllm(world_size), user_environ)
+        self.plan = bind_cpus(resolve_for_vllm(world_size), os.environ)
         if handoff is not None:
             handoff.plan = self.plan
         logger.info("hwlaunch plan for vLLM's workers:\n%s", self.plan.explain())
@@ -61,14 +60,7 @@ class HwlaunchExecutor(Executor):
             self.plan, worker_extension=EXTENSION, init_distributed=False
         )
         try:
-            unset = tuple(
-                name
-                for name in PLATFORM_ONLY_ENV
-                if name in os.environ and name not in user_environ
-            )
-            self._workers.collective_rpc(
-                "vllm_start", args=(self.vllm_config, _init_method(), unset)
-            )
+            self._workers.collective_rpc("vllm_start", args=(self.vllm_config, _init_method()))
         except BaseException:
             self._workers.shutdown()
             raise

@@ -19,13 +19,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from hwlaunch.integrations.vllm._handoff import PENDING, PLATFORM_ONLY_ENV, Handoff
+from hwlaunch.integrations.vllm._handoff import PENDING, Handoff
 from hwlaunch.integrations.vllm._plan import resolve_for_vllm
 
 __all__ = ["LLM"]
 
 ENGINE_IN_PROCESS = "VLLM_ENABLE_V1_MULTIPROCESSING"
 EXECUTOR = "hwlaunch.integrations.vllm.HwlaunchExecutor"
+WORKER_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
 
 
 def LLM(model: str, **kwargs: Any) -> Any:
@@ -50,14 +51,14 @@ def LLM(model: str, **kwargs: Any) -> Any:
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "prefill_context_parallel_size"):
         world_size *= int(kwargs.get(name) or 1)
     resolve_for_vllm(world_size)  # fails here, before vLLM loads, on what it would fail on later
-    handoff = Handoff(user_environ=dict(os.environ))
+    handoff, before = Handoff(), os.environ.get(WORKER_METHOD)
     import vllm
 
     from hwlaunch.integrations.vllm._executor import HwlaunchExecutor
 
     token = PENDING.set(handoff)
     try:
-        with _engine_core_here(), _platform_env_undone(handoff.user_environ):
+        with _engine_core_here(), _as_it_was(WORKER_METHOD, before):
             llm = vllm.LLM(model, distributed_executor_backend=HwlaunchExecutor, **kwargs)
     finally:
         PENDING.reset(token)
@@ -81,15 +82,14 @@ def _engine_core_here() -> Iterator[None]:
 
 
 @contextmanager
-def _platform_env_undone(user_environ: dict[str, str]) -> Iterator[None]:
-    """Once the engine is built, what vLLM's CPU platform wrote for its own executor alone
-    (``PLATFORM_ONLY_ENV``) is as the user had it: a later engine in this process, and its
-    workers, would otherwise take vLLM's value for the user's."""
+def _as_it_was(name: str, before: str | None) -> Iterator[None]:
+    """``name`` as it was once the engine is built: vLLM's CPU platform writes
+    ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` for its own executor, which this engine does not
+    use; the user's environment stays theirs."""
     try:
         yield
     finally:
-        for name in PLATFORM_ONLY_ENV:
-            if name in user_environ:
-                os.environ[name] = user_environ[name]
-            else:
-                os.environ.pop(name, None)
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before

@@ -18,6 +18,8 @@ from hwlaunch.integrations.vllm._binding import BIND_VAR, parse_binding
 
 __all__ = ["VllmWorker"]
 
+COMPILE_THREADS = "TORCHINDUCTOR_COMPILE_THREADS"
+
 
 class VllmWorker:
     """Mixed into the backend's ``hwlaunch.Worker``: ``vllm_start`` builds vLLM's worker,
@@ -35,18 +37,11 @@ class VllmWorker:
         _bind_cpus(self.plan.env.get(BIND_VAR), self.local_rank, self.plan.world_size)
         super().init_device()  # type: ignore[misc]
 
-    def vllm_start(
-        self, vllm_config: Any, distributed_init_method: str, unset_env: tuple[str, ...]
-    ) -> None:
-        """Build vLLM's worker for this rank: ``init_worker``, ``init_device``, ``load_model``.
-
-        ``unset_env``: variables vLLM's platform wrote into the driver's environment that the
-        user did not set (``TORCHINDUCTOR_COMPILE_THREADS=1``, needed only by vLLM's daemonic
-        workers): removed here, so torch's inductor runs its compile workers at its default.
-        """
-        _unset(unset_env)
+    def vllm_start(self, vllm_config: Any, distributed_init_method: str) -> None:
+        """Build vLLM's worker for this rank: ``init_worker``, ``init_device``, ``load_model``."""
         from vllm.v1.worker.worker_base import WorkerWrapperBase
 
+        _inductor_at_its_default(self.plan.env)
         parallel = vllm_config.parallel_config
         kwargs = {
             "vllm_config": vllm_config,
@@ -102,10 +97,16 @@ def _bind_cpus(binding: str | None, local_rank: int, ranks: int) -> None:
         torch.set_num_threads(int(count))
 
 
-def _unset(names: tuple[str, ...]) -> None:
-    for name in names:
-        os.environ.pop(name, None)
+def _inductor_at_its_default(plan_env: dict[str, str]) -> None:
+    """Let torch's inductor choose its compile workers, unless the plan's env sets them.
+
+    ``import vllm`` sets ``TORCHINDUCTOR_COMPILE_THREADS=1`` in every process (its workers are
+    daemonic, and a daemonic process cannot start inductor's compile pool); hwlaunch's workers
+    are not daemonic. Inductor reads the variable when its config is imported: decide again.
+    """
+    if COMPILE_THREADS in plan_env:
+        return
+    os.environ.pop(COMPILE_THREADS, None)
     config: Any = sys.modules.get("torch._inductor.config")
-    if config is not None and "TORCHINDUCTOR_COMPILE_THREADS" in names:
-        # read when the module was imported: decide again, without the variable
+    if config is not None:
         config.compile_threads = config.decide_compile_threads()
