@@ -19,7 +19,7 @@ from hwlaunch.integrations.vllm._binding import (
     parse_binding,
     share_cpus,
 )
-from hwlaunch.integrations.vllm._plan import bind_cpus
+from hwlaunch.integrations.vllm._plan import bind_cpus, resolve_for_vllm
 
 
 def test_importing_the_integration_imports_no_vllm_and_no_torch() -> None:
@@ -78,3 +78,15 @@ def test_a_binding_the_user_set_wins_and_auto_is_hwlaunchs() -> None:
     assert bind_cpus(_cpu_plan(), {BIND_VAR: "auto"}, allowed=[0, 1]).env[BIND_VAR] == "0|1"
     with pytest.raises(hwlaunch.ConfigError):
         bind_cpus(_cpu_plan(), {BIND_VAR: "0"}, allowed=[0, 1])
+
+
+def test_a_platform_without_an_hwlaunch_backend_is_named() -> None:
+    with pytest.raises(hwlaunch.BackendUnavailableError) as raised:
+        resolve_for_vllm(2, backend="tpu")
+    assert "vLLM runs on its platform 'tpu'" in str(raised.value)
+    assert "unknown backend 'tpu'" in str(raised.value) and "Fix:" in str(raised.value)
+
+
+def test_vllms_workers_get_processes_of_their_own_and_no_restarts() -> None:
+    plan = resolve_for_vllm(1, backend="cpu")
+    assert (plan.executor, plan.max_restarts, plan.world_size) == ("mp", 0, 1)

@@ -62,11 +62,11 @@ def resolve_for_vllm(world_size: int, backend: str | None = None) -> Plan:
             plan = hwlaunch.resolve(
                 backend=backend, world_size=world_size, max_restarts=0, executor="mp"
             )
-    except hwlaunch.PluginError as exc:
-        raise ConfigError(
-            f"vLLM's platform {backend!r} has no hwlaunch backend ({exc}). Fix: install the "
-            f"hwlaunch plugin that registers backend {backend!r}, or run vLLM on its own "
-            "executor (distributed_executor_backend='mp')"
+    except hwlaunch.BackendUnavailableError as exc:
+        raise hwlaunch.BackendUnavailableError(
+            f"vLLM runs on its platform {backend!r}, and hwlaunch cannot use that backend: "
+            f"{exc}. Fix: install the hwlaunch plugin that registers backend {backend!r}, or "
+            "run vLLM on its own executor (distributed_executor_backend='mp')"
         ) from exc
     if plan.nnodes != 1:
         raise ConfigError(
