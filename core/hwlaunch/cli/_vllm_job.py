@@ -116,20 +116,32 @@ def no_op(worker: Any) -> None:
 
 
 def all_reduce_rank(worker: Any) -> int:
-    """The sum of the ranks over vLLM's world group: n(n-1)/2 on every rank."""
+    """The sum of the ranks over vLLM's world group (its CPU process group: the world group
+    has no device communicator, its tensor-parallel groups do): n(n-1)/2 on every rank."""
     import torch
+    import torch.distributed as dist
     from vllm.distributed import get_world_group
 
     group = get_world_group()
-    total = group.all_reduce(torch.tensor([group.rank], dtype=torch.int64))
+    total = torch.tensor([group.rank], dtype=torch.int64)
+    dist.all_reduce(total, group=group.cpu_group)
     return int(total.item())
 
 
 def held_parameters(worker: Any) -> dict[str, Any]:
-    """The parameter elements this rank holds and where."""
+    """The parameter elements this rank holds, and where. vLLM's CPU backend packs a linear
+    layer's weight into its own format and leaves the parameter empty: that layer counts its
+    shard's size (input x output elements per partition)."""
     model = worker.model_runner.get_model()
-    params = list(model.parameters())
-    return {"params": sum(p.numel() for p in params), "device": str(params[0].device)}
+    held = 0
+    for module in model.modules():
+        for name, parameter in module.named_parameters(recurse=False):
+            count = parameter.numel()
+            if count == 0 and name == "weight" and hasattr(module, "input_size_per_partition"):
+                count = module.input_size_per_partition * module.output_size_per_partition
+            held += count
+    device = next(model.parameters()).device
+    return {"params": held, "device": str(device)}
 
 
 def reference_on_rank0(
