@@ -51,7 +51,6 @@ class HwlaunchExecutor(Executor):
         if handoff is not None:
             handoff.plan = self.plan
         logger.info("hwlaunch plan for vLLM's workers:\n%s", self.plan.explain())
-        self._failure_callback: Callable[[], None] | None = None
         self.output_rank = world_size - (
             self.parallel_config.tensor_parallel_size
             * self.parallel_config.prefill_context_parallel_size
@@ -127,9 +126,13 @@ class HwlaunchExecutor(Executor):
     def register_failure_callback(self, callback: Callable[[], None]) -> None:
         """``callback()`` once, from hwlaunch's monitor thread, when a worker dies (at once
         when one has died already)."""
-        if self._workers.closed:
+        try:
+            self._workers.raise_if_closed()
+        except hwlaunch.WorkerDiedError:
             callback()
             return
+        except hwlaunch.ExecutorClosedError:
+            return  # shut down on purpose: no failure to report
         self._workers.watch_deaths(lambda _error: callback())
 
     def shutdown(self) -> None:

@@ -51,14 +51,14 @@ def LLM(model: str, **kwargs: Any) -> Any:
     for name in ("tensor_parallel_size", "pipeline_parallel_size", "prefill_context_parallel_size"):
         world_size *= int(kwargs.get(name) or 1)
     resolve_for_vllm(world_size)  # fails here, before vLLM loads, on what it would fail on later
-    handoff, before = Handoff(), os.environ.get(WORKER_METHOD)
+    handoff = Handoff()
     import vllm
 
     from hwlaunch.integrations.vllm._executor import HwlaunchExecutor
 
     token = PENDING.set(handoff)
     try:
-        with _engine_core_here(), _as_it_was(WORKER_METHOD, before):
+        with _environment_while_built():
             llm = vllm.LLM(model, distributed_executor_backend=HwlaunchExecutor, **kwargs)
     finally:
         PENDING.reset(token)
@@ -67,29 +67,18 @@ def LLM(model: str, **kwargs: Any) -> Any:
 
 
 @contextmanager
-def _engine_core_here() -> Iterator[None]:
-    """``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while vLLM builds its engine, then as it was: the
-    variable is read when the engine is made, and the user's environment stays theirs."""
-    before = os.environ.get(ENGINE_IN_PROCESS)
+def _environment_while_built() -> Iterator[None]:
+    """``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while vLLM builds its engine (the variable is read
+    then); afterwards it, and the ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` that vLLM's CPU
+    platform writes for its own executor (not used here), are as the user had them."""
+    names = (ENGINE_IN_PROCESS, WORKER_METHOD)
+    before = {name: os.environ.get(name) for name in names}
     os.environ[ENGINE_IN_PROCESS] = "0"
     try:
         yield
     finally:
-        if before is None:
-            os.environ.pop(ENGINE_IN_PROCESS, None)
-        else:
-            os.environ[ENGINE_IN_PROCESS] = before
-
-
-@contextmanager
-def _as_it_was(name: str, before: str | None) -> Iterator[None]:
-    """``name`` as it was once the engine is built: vLLM's CPU platform writes
-    ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` for its own executor, which this engine does not
-    use; the user's environment stays theirs."""
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
