@@ -127,6 +127,35 @@ def _tree(pid: int) -> list[psutil.Process]:
         return []
 
 
+def test_the_help_of_hwlaunch_does_not_import_vllm() -> None:
+    probe = (
+        "import sys\n"
+        "from hwlaunch.cli import main\n"
+        "assert main(['--help']) == 0\n"
+        "print('VLLM IMPORTED' if 'vllm' in sys.modules else 'NO VLLM')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "serve-vllm" in proc.stdout and proc.stdout.strip().endswith("NO VLLM")
+
+
+@pytest.mark.parametrize(
+    "flag", ["--distributed-executor-backend=mp", "--distributed-executor-backend ray"]
+)
+def test_another_executor_is_a_user_error(flag: str, tiny_model: Path) -> None:
+    proc = subprocess.run(
+        [HWLAUNCH, "serve-vllm", str(tiny_model), *flag.split()],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert (
+        "--distributed-executor-backend" in proc.stderr and "Fix: leave the flag out" in proc.stderr
+    )
+    assert "Traceback" not in proc.stderr
+
+
 def test_a_completion_has_the_offline_tokens(server: Server, offline_tokens: list[int]) -> None:
     import openai
 

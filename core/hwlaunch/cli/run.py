@@ -23,6 +23,7 @@ from hwlaunch.cli._model_check import (
     check_model,
     check_vllm_job,
     choose_parallelism,
+    require_vllm,
 )
 from hwlaunch.cli._options import setting_options
 from hwlaunch.cli._progress import progress_style
@@ -75,6 +76,8 @@ def run(
     )
     # The model is checked before any worker starts, without importing transformers (see
     # _model_check): a bad --model is one line and exit 2.
+    if engine == "vllm":
+        require_vllm("hwlaunch run --engine vllm")  # before the model: the first fix to make
     facts = check_model(model)
     if engine == "vllm":
         model = check_vllm_job(model, parallel, facts, plan.world_size)
