@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -51,6 +52,8 @@ class HwlaunchExecutor(Executor):
         if handoff is not None:
             handoff.plan = self.plan
         logger.info("hwlaunch plan for vLLM's workers:\n%s", self.plan.explain())
+        self._on_failure: Callable[[], None] | None = None
+        self._failure_lock = threading.Lock()
         self.output_rank = world_size - (
             self.parallel_config.tensor_parallel_size
             * self.parallel_config.prefill_context_parallel_size
@@ -80,13 +83,20 @@ class HwlaunchExecutor(Executor):
             if isinstance(method, str)
             else cloudpickle.dumps(method, protocol=pickle.HIGHEST_PROTOCOL)
         )
-        return self._workers.collective_rpc(
-            "vllm_call",
-            args=(sent, tuple(args), kwargs or {}),
-            timeout=timeout,
-            non_block=non_block,
-            unique_reply_rank=unique_reply_rank,
-        )
+        try:
+            result = self._workers.collective_rpc(
+                "vllm_call",
+                args=(sent, tuple(args), kwargs or {}),
+                timeout=timeout,
+                non_block=non_block,
+                unique_reply_rank=unique_reply_rank,
+            )
+        except hwlaunch.WorkerDiedError:
+            self._failed()
+            raise
+        if non_block:
+            result.add_done_callback(self._failed_if_died)
+        return result
 
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
         return self._step("execute_model", scheduler_output, non_block)
@@ -124,16 +134,28 @@ class HwlaunchExecutor(Executor):
         self.collective_rpc("check_health", timeout=10)
 
     def register_failure_callback(self, callback: Callable[[], None]) -> None:
-        """``callback()`` once, from hwlaunch's monitor thread, when a worker dies (at once
-        when one has died already)."""
+        """``callback()`` once, when a worker dies: from hwlaunch's monitor thread between
+        calls, from the call that met the death during one (at once if one died already)."""
+        self._on_failure = callback
         try:
             self._workers.raise_if_closed()
         except hwlaunch.WorkerDiedError:
-            callback()
+            self._failed()
             return
         except hwlaunch.ExecutorClosedError:
             return  # shut down on purpose: no failure to report
-        self._workers.watch_deaths(lambda _error: callback())
+        self._workers.watch_deaths(lambda _error: self._failed())
+
+    def _failed_if_died(self, future: Future[Any]) -> None:
+        if not future.cancelled() and isinstance(future.exception(), hwlaunch.WorkerDiedError):
+            self._failed()
+
+    def _failed(self) -> None:
+        """Call the engine's failure callback, once."""
+        with self._failure_lock:
+            callback, self._on_failure = self._on_failure, None
+        if callback is not None:
+            callback()
 
     def shutdown(self) -> None:
         """Stop every worker (their own shutdown first, within the plan's grace); idempotent."""
