@@ -23,13 +23,15 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 HWLAUNCH = str(Path(sys.executable).with_name("hwlaunch"))  # the console script, as users run it
 
 
-def hwlaunch(*args: str, cwd: Path, timeout: float = 500) -> subprocess.CompletedProcess[str]:
+def hwlaunch(
+    *args: str, cwd: Path, timeout: float = 500, **env: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [HWLAUNCH, *args],
         capture_output=True,
         text=True,
         cwd=cwd,
-        env=script_env(),
+        env=script_env(**env),
         timeout=timeout,
     )
 
@@ -117,3 +119,13 @@ def test_bad_settings_are_user_errors(
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Fix:" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_under_a_launcher_it_is_a_user_error(tiny_model: Path, tmp_path: Path) -> None:
+    torchrun = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    torchrun |= {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29511", "TORCHELASTIC_RUN_ID": "t"}
+    proc = hwlaunch(
+        "run", "--engine", "vllm", "--model", str(tiny_model), cwd=tmp_path, timeout=120, **torchrun
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "every rank would start an engine" in proc.stderr and "Traceback" not in proc.stderr

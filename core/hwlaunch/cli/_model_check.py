@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hwlaunch.errors import ConfigError
+from hwlaunch.plan import Plan
 
 # The names config.json files give the number of attention heads (GPT-2 and GPT-J: n_head).
 HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
@@ -181,11 +182,15 @@ def require_vllm(what: str) -> None:
         )
 
 
-def check_vllm_job(
-    model: str | None, parallel: str | None, facts: ModelFacts, world_size: int
-) -> str:
-    """``hwlaunch run --engine vllm``'s settings, checked before vLLM is imported: a model
-    directory is given, and its heads shard over the workers."""
+def check_vllm_job(model: str | None, parallel: str | None, facts: ModelFacts, plan: Plan) -> str:
+    """``hwlaunch run --engine vllm``'s settings, checked before vLLM is imported: one
+    program (vLLM starts the workers), a model directory, heads that shard over the workers."""
+    if plan.ranks_from_launcher:
+        raise ConfigError(
+            "--engine vllm starts its own workers, but this process is one rank of a launcher "
+            f"(rank from {plan.decision('rank').source}): every rank would start an engine. "
+            "Fix: run `hwlaunch run --engine vllm` once, without torchrun, srun or mpirun"
+        )
     if model is None:
         raise ConfigError(
             "--engine vllm needs --model PATH: vLLM loads a model directory, and the built-in "
@@ -197,7 +202,7 @@ def check_vllm_job(
             "--engine vllm --parallel data: the vLLM job shards the model over the workers "
             "(tensor parallel). Fix: leave --parallel out, or use --engine transformers"
         )
-    cannot = _cannot_shard(facts, world_size) if world_size > 1 else None
+    cannot = _cannot_shard(facts, plan.world_size) if plan.world_size > 1 else None
     if cannot is not None:
         reason, fix = cannot
         raise ConfigError(f"--engine vllm: {reason}. Fix: {fix}")

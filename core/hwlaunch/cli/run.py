@@ -80,7 +80,7 @@ def run(
         require_vllm("hwlaunch run --engine vllm")  # before the model: the first fix to make
     facts = check_model(model)
     if engine == "vllm":
-        model = check_vllm_job(model, parallel, facts, plan.world_size)
+        model = check_vllm_job(model, parallel, facts, plan)
         parallelism = Parallelism("tensor", None)
     else:
         parallelism = choose_parallelism(parallel, facts, plan.world_size)
