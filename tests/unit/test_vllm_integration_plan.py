@@ -90,3 +90,10 @@ def test_a_platform_without_an_hwlaunch_backend_is_named() -> None:
 def test_vllms_workers_get_processes_of_their_own_and_no_restarts() -> None:
     plan = resolve_for_vllm(1, backend="cpu")
     assert (plan.executor, plan.max_restarts, plan.world_size) == ("mp", 0, 1)
+
+
+def test_the_segments_are_named_as_vllms_cpu_worker_names_them() -> None:
+    from hwlaunch.integrations.vllm._shm import segments_ident
+
+    assert segments_ident("file:///tmp/vllm_dist_ab12") == "vllm_dist_ab12"
+    assert segments_ident("tcp://127.0.0.1:29500") == "29500"

@@ -9,6 +9,7 @@ allow, and tests that end an engine (a killed worker) start their own.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,12 +23,20 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB: keep each engine's 
 
 
 def _vllm_missing() -> str | None:
-    """Why vLLM cannot be used here (None: it imports); fails where it is required."""
+    """Why vLLM cannot be used here (None: it imports); fails where it is required.
+
+    This directory itself is a namespace package named ``vllm`` where ``tests/`` is on
+    ``sys.path``: ``import vllm`` would find it when vLLM is not installed. Only a module with
+    a file of its own (the real vLLM; it wins where it is installed) counts.
+    """
     try:
+        spec = importlib.util.find_spec("vllm")
+        if spec is None or spec.origin is None:
+            raise ModuleNotFoundError("No module named 'vllm'", name="vllm")
         import vllm  # noqa: F401
     except Exception as exc:
         if os.environ.get("HWLAUNCH_REQUIRE_VLLM") == "1":
-            raise RuntimeError(
+            raise pytest.UsageError(
                 f"HWLAUNCH_REQUIRE_VLLM=1 but vLLM does not import: {type(exc).__name__}: {exc}"
             ) from exc
         return f"vLLM is not importable ({type(exc).__name__}: {exc})"

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 from vllm_engines import ENGINE, close, executor_of
-from vllm_scripts import start_script
+from vllm_scripts import shm_left, start_script
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/: the shared process helpers
 from processes import alive, kill_all, processes, wait_until
@@ -47,6 +47,7 @@ def test_worker_killed_mid_generate_is_reported_naming_its_rank(tiny_model: Path
     llm = LLM(str(tiny_model), tensor_parallel_size=2, **ENGINE)
     executor = executor_of(llm)
     tree = _tree(executor.pids)
+    ident = executor._segments
     failed = threading.Event()
     executor.register_failure_callback(failed.set)
     stop, outcome = threading.Event(), {}
@@ -72,6 +73,7 @@ def test_worker_killed_mid_generate_is_reported_naming_its_rank(tiny_model: Path
         thread.join(30)
         leftovers = kill_all(tree)
     assert not leftovers, f"left running after the engine closed: {leftovers}"
+    assert shm_left(ident) == []
 
 
 def test_driver_killed_mid_generate_leaves_nothing_running(tiny_model: Path) -> None:
@@ -81,7 +83,8 @@ def test_driver_killed_mid_generate_leaves_nothing_running(tiny_model: Path) -> 
         assert driver.stdout is not None
         for line in driver.stdout:
             if line.startswith("{"):
-                tree = _tree(json.loads(line)["pids"])
+                started = json.loads(line)
+                tree = _tree(started["pids"])
             if line.startswith("generating") and tree:
                 break
         else:
@@ -95,6 +98,7 @@ def test_driver_killed_mid_generate_leaves_nothing_running(tiny_model: Path) -> 
         # SIGKILL 2 s later: 15 s is well past that
         took = wait_until(lambda: not alive(tree), 15, "the engine's workers to exit")
         print(f"workers gone {took:.2f}s after the driver's SIGKILL")
+        assert shm_left(started["ident"]) == []
     finally:
         driver.kill()
         leftovers = kill_all(tree)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from vllm_engines import token_ids
-from vllm_scripts import Finished, run_script
+from vllm_scripts import Finished, run_script, shm_left
 
 BOOTSTRAP_ERROR = "An attempt has been made to start a new process before"
 
@@ -30,6 +30,8 @@ def test_unguarded_script_runs_to_its_tokens_on_fork(
     assert result["start_method"] == "fork"
     assert result["tokens"] == token_ids(engine_tp2, prompts)
     assert BOOTSTRAP_ERROR not in unguarded_fork.stderr
+    # the workers ended with the script (hwlaunch's exit handler) and took vLLM's segments along
+    assert result["ident"] and shm_left(result["ident"]) == []
 
 
 def test_a_binding_the_user_set_is_honoured(unguarded_fork: Finished) -> None:

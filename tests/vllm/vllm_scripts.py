@@ -72,3 +72,9 @@ def start_script(name: str, *args: str, **env: str | None) -> subprocess.Popen[s
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def shm_left(ident: str) -> list[str]:
+    """What a job's ranks left in /dev/shm: vLLM names its CPU all-reduce segments after
+    ``VLLM_DIST_IDENT``."""
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith(f"{ident}-"))

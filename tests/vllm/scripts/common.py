@@ -13,7 +13,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # tests/vllm: t
 from tiny_llama import PROMPTS
 from vllm_engines import ENGINE, greedy
 
-__all__ = ["ENGINE", "PROMPTS", "rank_cpus", "report", "token_ids"]
+__all__ = ["ENGINE", "PROMPTS", "dist_ident", "rank_cpus", "report", "token_ids"]
 
 
 def token_ids(llm: Any) -> list[list[int]]:
@@ -25,6 +25,16 @@ def rank_cpus(llm: Any) -> list[list[int]]:
     """Each rank's CPU affinity, read in the worker."""
     executor = llm.llm_engine.engine_core.engine_core.model_executor
     return [sorted(cpus) for cpus in executor.collective_rpc(_affinity)]
+
+
+def dist_ident(llm: Any) -> str:
+    """The name vLLM's ranks give their shared-memory segments (``VLLM_DIST_IDENT``)."""
+    executor = llm.llm_engine.engine_core.engine_core.model_executor
+    return str(executor.collective_rpc(_ident)[0])
+
+
+def _ident(worker: Any) -> str | None:
+    return os.environ.get("VLLM_DIST_IDENT")
 
 
 def _affinity(worker: Any) -> list[int]:

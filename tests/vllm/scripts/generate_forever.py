@@ -6,7 +6,7 @@ long ``generate``: the test kills it there.
 
 import sys
 
-from common import ENGINE, PROMPTS, report
+from common import ENGINE, PROMPTS, dist_ident, report
 
 if __name__ == "__main__":
     from vllm import SamplingParams
@@ -15,7 +15,7 @@ if __name__ == "__main__":
 
     llm = LLM(sys.argv[1], tensor_parallel_size=int(sys.argv[2]), **ENGINE)
     executor = llm.llm_engine.engine_core.engine_core.model_executor
-    report(pids=executor.pids)
+    report(pids=executor.pids, ident=dist_ident(llm))
     params = SamplingParams(temperature=0.0, max_tokens=100, ignore_eos=True)
     while True:
         print("generating", flush=True)

@@ -28,6 +28,7 @@ from vllm.v1.executor.abstract import Executor
 import hwlaunch
 from hwlaunch.integrations.vllm._handoff import PENDING
 from hwlaunch.integrations.vllm._plan import bind_cpus, resolve_for_vllm
+from hwlaunch.integrations.vllm._shm import remove_segments, segments_ident
 
 __all__ = ["HwlaunchExecutor"]
 
@@ -61,10 +62,12 @@ class HwlaunchExecutor(Executor):
         self._workers = hwlaunch.launch(
             self.plan, worker_extension=EXTENSION, init_distributed=False
         )
+        init_method = _init_method()
+        self._segments = segments_ident(init_method)
         try:
-            self._workers.collective_rpc("vllm_start", args=(self.vllm_config, _init_method()))
+            self._workers.collective_rpc("vllm_start", args=(self.vllm_config, init_method))
         except BaseException:
-            self._workers.shutdown()
+            self.shutdown()
             raise
 
     def collective_rpc(
@@ -162,6 +165,7 @@ class HwlaunchExecutor(Executor):
         workers = getattr(self, "_workers", None)
         if workers is not None:
             workers.shutdown()
+            remove_segments(self._segments)  # a rank that was killed left its own
 
     @property
     def pids(self) -> list[int]:

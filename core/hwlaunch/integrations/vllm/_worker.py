@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from hwlaunch.integrations.vllm._binding import BIND_VAR, parse_binding
+from hwlaunch.integrations.vllm._shm import remove_segments
 
 __all__ = ["VllmWorker"]
 
@@ -72,13 +73,29 @@ class VllmWorker:
         return result
 
     def shutdown(self) -> None:
-        """vLLM's worker first (its own process groups), then the backend's."""
+        """vLLM's worker first, then its process groups (as vLLM's own worker processes end
+        them: their shared-memory queues unlinked), then the backend's."""
         wrapper, self._vllm = self._vllm, None
         try:
             if wrapper is not None:
                 wrapper.shutdown()
+                _end_vllm_groups()
         finally:
             super().shutdown()  # type: ignore[misc]
+
+
+def _end_vllm_groups() -> None:
+    """vLLM's model-parallel groups and its distributed environment, ended; then the job's
+    CPU all-reduce segments (``_shm``)."""
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+    )
+
+    ident = os.environ.get("VLLM_DIST_IDENT")
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    remove_segments(ident)
 
 
 def _bind_cpus(binding: str | None, local_rank: int, ranks: int) -> None:
