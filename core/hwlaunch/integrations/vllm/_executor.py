@@ -86,10 +86,23 @@ class HwlaunchExecutor(Executor):
             if isinstance(method, str)
             else cloudpickle.dumps(method, protocol=pickle.HIGHEST_PROTOCOL)
         )
+        return self._call(
+            "vllm_call", (sent, tuple(args), kwargs or {}), timeout, non_block, unique_reply_rank
+        )
+
+    def _call(
+        self,
+        name: str,
+        args: tuple[Any, ...],
+        timeout: float | None,
+        non_block: bool,
+        unique_reply_rank: int | None,
+    ) -> Any:
+        """One call of hwlaunch's executor; a worker's death met here fails the engine too."""
         try:
             result = self._workers.collective_rpc(
-                "vllm_call",
-                args=(sent, tuple(args), kwargs or {}),
+                name,
+                args=args,
                 timeout=timeout,
                 non_block=non_block,
                 unique_reply_rank=unique_reply_rank,
@@ -118,11 +131,9 @@ class HwlaunchExecutor(Executor):
         (a Future of it when ``non_block``), as the engine expects."""
         timeout = vllm_envs.VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS
         aggregator = self.kv_output_aggregator
-        if aggregator is None:
-            return self.collective_rpc(
-                method, timeout, (arg,), None, non_block, unique_reply_rank=self.output_rank
-            )
-        outputs = self.collective_rpc(method, timeout, (arg,), None, non_block)
+        if aggregator is None:  # called by name on the worker: warnings and timeouts say which
+            return self._call(method, (arg,), timeout, non_block, self.output_rank)
+        outputs = self._call(method, (arg,), timeout, non_block, None)
         if not non_block:
             return aggregator.aggregate(outputs, output_rank=self.output_rank)
         merged: Future[Any] = Future()

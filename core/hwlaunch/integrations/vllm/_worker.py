@@ -72,6 +72,14 @@ class VllmWorker:
             result = result.get_output()
         return result
 
+    def execute_model(self, scheduler_output: Any) -> Any:
+        """The engine's step, by its own name: a stall warning or a timeout names it."""
+        return self.vllm_call("execute_model", (scheduler_output,), {})
+
+    def sample_tokens(self, grammar_output: Any) -> Any:
+        """The step's sampling, by its own name (see ``execute_model``)."""
+        return self.vllm_call("sample_tokens", (grammar_output,), {})
+
     def shutdown(self) -> None:
         """vLLM's worker first, then its process groups (as vLLM's own worker processes end
         them: their shared-memory queues unlinked), then the backend's."""
