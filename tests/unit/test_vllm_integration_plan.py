@@ -97,3 +97,10 @@ def test_the_segments_are_named_as_vllms_cpu_worker_names_them() -> None:
 
     assert segments_ident("file:///tmp/vllm_dist_ab12") == "vllm_dist_ab12"
     assert segments_ident("tcp://127.0.0.1:29500") == "29500"
+
+
+def test_llm_refuses_another_executor_before_anything_starts() -> None:
+    from hwlaunch.integrations.vllm import LLM
+
+    with pytest.raises(ValueError, match=r"distributed_executor_backend='mp'.*Fix: leave it out"):
+        LLM("some-model", distributed_executor_backend="mp")
