@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -145,6 +146,23 @@ def test_run_human_output(tmp_path: Path) -> None:
     assert "parallelism: tensor; whole model 115,520 parameters; rank 0 holds" in proc.stdout
     assert "tokens/s: tensor parallel " in proc.stdout
     assert "start_method" in proc.stdout  # the plan with its reasons comes first
+
+
+def vllm_installed() -> bool:
+    """vLLM's package, not the tests' own ``tests/vllm`` directory (a namespace package)."""
+    spec = importlib.util.find_spec("vllm")
+    return spec is not None and spec.origin is not None
+
+
+@pytest.mark.skipif(vllm_installed(), reason="vLLM is installed")
+@pytest.mark.parametrize("command", [("run", "--engine", "vllm"), ("serve-vllm", "MODEL")])
+def test_vllm_commands_without_vllm_name_the_install(
+    command: tuple[str, ...], tmp_path: Path
+) -> None:
+    proc = hwlaunch(*command, "--model", str(tmp_path), cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "needs vLLM, which is not installed. Fix: pip install vllm" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_run_bad_flag_is_a_user_error(tmp_path: Path) -> None:

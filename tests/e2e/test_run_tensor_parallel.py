@@ -60,6 +60,13 @@ def test_ranks_generate_the_tokens_of_one_process(tensor_run: tuple[dict[str, An
     assert all(rate > 0 for rate in rates.values())
 
 
+def test_the_single_process_run_has_a_workers_thread_budget(
+    tensor_run: tuple[dict[str, Any], str],
+) -> None:
+    result, _ = tensor_run
+    assert result["single_process_threads"] == result["plan"]["cpu_threads"]
+
+
 def test_a_pipe_sees_one_line_per_phase(tensor_run: tuple[dict[str, Any], str]) -> None:
     _, stderr = tensor_run
     phases = [line for line in stderr.splitlines() if line.startswith("hwlaunch run [")]

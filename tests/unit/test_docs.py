@@ -171,7 +171,11 @@ def test_every_hwlaunch_name_in_the_docs_exists(page: str, name: str) -> None:
         except ImportError:
             continue
         for attribute in parts[cut:]:
-            assert hasattr(target, attribute), f"{page} names {name}, which does not exist"
+            try:
+                present = hasattr(target, attribute)
+            except ModuleNotFoundError as exc:  # an integration whose engine is not installed
+                pytest.skip(f"{name} needs {exc.name}, which is not installed here")
+            assert present, f"{page} names {name}, which does not exist"
             target = getattr(target, attribute)
         return
     pytest.fail(f"{page} names {name}, which does not exist")

@@ -1,4 +1,4 @@
-"""The ``hwlaunch`` click group: ``backends``, ``resolve`` and ``run``.
+"""The ``hwlaunch`` click group: ``backends``, ``resolve``, ``run`` and ``serve-vllm``.
 
 User errors (HwlaunchError with exit_code 2, click usage errors) print one message on stderr and
 exit 2 without a traceback; ``--debug`` shows the traceback.
@@ -16,6 +16,7 @@ import click
 from hwlaunch.cli._inspect import backends, resolve
 from hwlaunch.cli._job import result_of
 from hwlaunch.cli.run import run
+from hwlaunch.cli.serve_vllm import serve_vllm
 from hwlaunch.errors import HwlaunchError
 
 
@@ -31,6 +32,7 @@ def cli(ctx: click.Context, debug: bool) -> None:
 cli.add_command(backends)
 cli.add_command(resolve)
 cli.add_command(run)
+cli.add_command(serve_vllm)
 
 
 def run_cli(argv: list[str] | None = None) -> int:

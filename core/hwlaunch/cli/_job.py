@@ -9,12 +9,11 @@ run in a single process.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +21,8 @@ from hwlaunch.cli._model_check import Parallelism
 from hwlaunch.cli._progress import Progress
 from hwlaunch.errors import HwlaunchError
 from hwlaunch.plan import Plan
-from hwlaunch.probes import usable_cpus
 
+WARM_UP_TOKENS = 2  # a generate this long runs first, untimed, in both runs that are compared
 DEFAULT_PROMPTS = (
     "The quick brown fox",
     "hwlaunch starts workers",
@@ -90,32 +89,21 @@ class GenerationWorker:
 
     def generate_reference(
         self, prompts: list[str], max_new_tokens: int
-    ) -> tuple[list[dict[str, Any]], float]:
+    ) -> tuple[list[dict[str, Any]], float, int]:
         """All prompts through a whole copy of the model on this rank's device, alone (the other
-        ranks wait for the call): the single-process run. On the CPU it runs with the threads a
-        fresh process gets (torch's default: every CPU it may use), not this worker's budget."""
+        ranks wait for the call): the single-process run, with torch's threads. It runs with this
+        worker's thread budget and after a warm-up, as the parallel run does, so the two tokens/s
+        compare like with like."""
+        import torch
+
         from hwlaunch.cli import _demo_model as demo_model
 
         whole = (
             self._model if self._parallelism == "data" else demo_model.load(self._path, self.device)
         )
-        with _default_cpu_threads(self.device):
-            return demo_model.timed_generate(whole, prompts, max_new_tokens)
-
-
-@contextlib.contextmanager
-def _default_cpu_threads(device: Any) -> Iterator[None]:
-    import torch
-
-    if torch.device(device).type != "cpu":
-        yield
-        return
-    budget = torch.get_num_threads()
-    torch.set_num_threads(usable_cpus())
-    try:
-        yield
-    finally:
-        torch.set_num_threads(budget)
+        demo_model.generate(whole, prompts, WARM_UP_TOKENS)
+        outputs, seconds = demo_model.timed_generate(whole, prompts, max_new_tokens)
+        return outputs, seconds, torch.get_num_threads()
 
 
 def split(prompts: list[str], world_size: int) -> list[list[str]]:
@@ -152,7 +140,8 @@ def _all_gathered(worker: Any, fn: Callable[..., Any], args: tuple[Any, ...]) ->
     return gathered
 
 
-Reference = tuple[list[dict[str, Any]], float]  # the outputs and the seconds they took
+# The outputs, the seconds they took and the torch threads they ran with.
+Reference = tuple[list[dict[str, Any]], float, int]
 
 
 def reference_on_rank0(executor: Any, prompts: list[str], max_new_tokens: int) -> Reference:
@@ -163,8 +152,8 @@ def reference_on_rank0(executor: Any, prompts: list[str], max_new_tokens: int) -
     def rank0_all(worker: Any, prompts: list[str], k: int) -> Any:
         return worker.generate_reference(prompts, k) if worker.rank == 0 else None
 
-    outputs, seconds = every_rank(executor, rank0_all, (prompts, max_new_tokens))[0]
-    return list(outputs), float(seconds)
+    outputs, seconds, threads = every_rank(executor, rank0_all, (prompts, max_new_tokens))[0]
+    return list(outputs), float(seconds), int(threads)
 
 
 def _ping_median_ms(executor: Any, times: int = 5) -> float:
@@ -251,11 +240,12 @@ def run_job(
     expected = plan.world_size * (plan.world_size - 1) // 2
     return {
         "rank": rank,
+        "engine": "transformers",
         "plan": plan.to_dict(),
         **_model_report(ran.loads, parallelism.note),
         "allreduce_ok": all(s == expected for s in ran.sums),
         "allreduce": {"expected": expected, "got": ran.sums},
-        **_token_report(ran.generated, reference, timings["generate_s"], ran.mode),
+        **token_report(ran.generated, reference, timings["generate_s"], ran.mode),
         "nodes": nodes,
         "timings": timings,
     }
@@ -291,6 +281,7 @@ def _in_workers(
     timings["load_model_s"] = time.perf_counter() - t0
     loaded_mode = loads[0]["parallelism"]
     progress.phase(generating if loaded_mode == mode else f"{generating}, data parallel")
+    generate_on(executor, loaded_mode, prompts, WARM_UP_TOKENS)  # as the reference run does
     t0 = time.perf_counter()
     generated = generate_on(executor, loaded_mode, prompts, max_new_tokens)
     timings["generate_s"] = time.perf_counter() - t0
@@ -311,7 +302,7 @@ def _model_report(loads: list[dict[str, Any]], driver_note: str | None) -> dict[
     }
 
 
-def _token_report(
+def token_report(
     generated: Generated,
     reference: Reference | None,
     generate_s: float,
@@ -330,11 +321,16 @@ def _token_report(
             f"{mode}_parallel": new_tokens / generate_s,
             "single_process": None if reference is None else new_tokens / reference[1],
         },
+        "single_process_threads": None if reference is None else reference[2],
     }
 
 
 def render(result: dict[str, Any]) -> str:
     lines = [f"model: {result['model']}", _render_parallelism(result)]
+    if result["engine"] == "vllm":  # the plan vLLM's workers started by, made in the engine
+        plan = result["plan"]
+        how = ", ".join(str(plan[k]) for k in ("executor", "start_method") if plan[k])
+        lines.insert(1, f"engine: vLLM on hwlaunch's workers ({how})")
     got = result["allreduce"]["got"]
     lines.append(
         f"all-reduce of rank ids: {got} (expected {result['allreduce']['expected']} on every "
@@ -365,10 +361,11 @@ def render(result: dict[str, Any]) -> str:
         )
     )
     t = result["timings"]
+    load = "" if t["load_model_s"] is None else f"model load {t['load_model_s']:.2f}s, "
     lines.append(
         f"time to ready {t['time_to_ready_s']:.2f}s, rpc latency {t['rpc_latency_ms_median']:.2f}"
-        f" ms (median of 5), all-reduce {t['allreduce_s'] * 1000:.1f} ms, model load "
-        f"{t['load_model_s']:.2f}s, generate {t['generate_s']:.2f}s, total {t['total_s']:.2f}s"
+        f" ms (median of 5), all-reduce {t['allreduce_s'] * 1000:.1f} ms, {load}"
+        f"generate {t['generate_s']:.2f}s, total {t['total_s']:.2f}s"
     )
     return "\n".join(lines)
 

