@@ -2,14 +2,16 @@
 
 ``hwlaunch serve-vllm MODEL --tensor-parallel-size 2`` answers an ``openai`` client's completion
 with the tokens of the offline engine on hwlaunch's executor (same prompt, greedy, same
-max_tokens), and SIGINT or SIGTERM ends it with no process of its tree left: the API server,
-vLLM's engine core, the fork server and hwlaunch's workers. One server per signal (a server's
-start is the cost here, some 40-90 s on 2 shared cores); the offline engine is the session's.
+max_tokens), and SIGINT or SIGTERM ends it with no process of its tree left (the API server,
+vLLM's engine core, the fork server and hwlaunch's workers) and none of the shared memory
+they had mapped. One server per signal (a server's start is the cost here, some 40-90 s on 2
+shared cores); the offline engine is the session's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -69,6 +71,8 @@ class Server:
     port: int
     log: Path
     model: str
+    shared: set[str] = dataclasses.field(default_factory=set)  # /dev/shm files the tree mapped
+    signalled: bool = False
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
@@ -156,6 +160,16 @@ def test_another_executor_is_a_user_error(flag: str, tiny_model: Path) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def _shared_memory(processes: list[psutil.Process]) -> set[str]:
+    """The /dev/shm files the processes have mapped."""
+    return {
+        m.path
+        for process in processes
+        for m in process.memory_maps(grouped=True)
+        if m.path.startswith("/dev/shm/")
+    }
+
+
 def test_a_completion_has_the_offline_tokens(server: Server, offline_tokens: list[int]) -> None:
     import openai
 
@@ -183,9 +197,23 @@ def test_the_signal_ends_the_server_and_its_tree(
     workers = [n for n in names if n.startswith("hwlaunch cpu rank")]
     assert sorted(workers) == ["hwlaunch cpu rank0", "hwlaunch cpu rank1"], names
     assert "VLLM::EngineCore" in names, names
+    server.shared = _shared_memory(tree)
+    assert any("cpushm" in path for path in server.shared), server.shared  # vLLM's all-reduce
     server.proc.send_signal(getattr(signal, name))
     code = server.proc.wait(timeout=GONE_WITHIN_S)
     _, alive = psutil.wait_procs(tree, timeout=GONE_WITHIN_S)
     assert not alive, f"left after {name}: {[(p.pid, p.name()) for p in alive]}"
     assert code in (0, -getattr(signal, name), 128 + getattr(signal, name)), server.output()[-3000:]
-    assert "Traceback" not in server.output()
+    # vLLM's API server may log its output handler's EngineDeadError as the engine core exits
+    # in a graceful shutdown (a race of vLLM's own): no other traceback.
+    own = [line for line in server.output().splitlines() if "[async_llm.py:" not in line]
+    assert not [line for line in own if "Traceback" in line], server.output()[-3000:]
+    server.signalled = True
+
+
+def test_no_shared_memory_of_the_tree_is_left(server: Server) -> None:
+    """serve-vllm's --shutdown-timeout default (a grace, not vLLM's 0) lets the engine core stop
+    its workers, which unlink vLLM's CPU all-reduce segments."""
+    assert server.signalled, "the signal test ran first"
+    left = sorted(path for path in server.shared if os.path.exists(path))
+    assert not left, left

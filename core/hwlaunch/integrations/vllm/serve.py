@@ -9,6 +9,12 @@ whose executor starts vLLM's workers as hwlaunch workers. SIGINT and SIGTERM go 
 handlers (SIGTERM during start-up to vLLM's), which shut the engine down; its executor stops the
 workers, and a worker whose engine core died goes with it (hwlaunch's death pipe).
 
+One default differs from ``vllm serve``: ``--shutdown-timeout`` is ``SHUTDOWN_GRACE_S``, not 0.
+At 0 vLLM's API server SIGKILLs its engine core at once, so the executor never stops its
+workers: they end with their parent, and vLLM's CPU all-reduce segments stay in /dev/shm. With
+a grace the engine core shuts its executor down (requests in flight get up to that long); an
+explicit ``--shutdown-timeout`` (0 included) wins.
+
 vLLM is imported here only, when the command runs: ``hwlaunch --help`` does not import it.
 """
 
@@ -21,6 +27,7 @@ from hwlaunch.errors import ConfigError
 
 EXECUTOR = "hwlaunch.integrations.vllm.HwlaunchExecutor"
 PROG = "hwlaunch serve-vllm"
+SHUTDOWN_GRACE_S = 5  # the default --shutdown-timeout, as hwlaunch's own shutdown grace
 
 
 def serve(argv: list[str]) -> None:
@@ -52,6 +59,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             f"({EXECUTOR}). The arguments are those of `vllm serve`.",
         )
     )
+    parser.set_defaults(shutdown_timeout=SHUTDOWN_GRACE_S)
     args: argparse.Namespace = parser.parse_args(argv)
     check_args(args)
     if args.model_tag is not None:  # a positional model wins, as in `vllm serve`
