@@ -71,6 +71,25 @@ def test_the_plan_carries_each_ranks_cpus_with_its_reason() -> None:
     assert BIND_VAR in plan.explain()
 
 
+@pytest.mark.parametrize(
+    ("world", "allowed", "expected"),
+    [
+        (1, [0, 1], "1"),  # one CPU left to the engine core, as vLLM's own binding leaves it
+        (2, [0, 1], "0|1"),  # no CPU to spare: every CPU to a rank
+        (2, [0, 1, 2, 3], "2|3"),
+        (2, list(range(8)), "2,3,4|5,6,7"),
+        (1, [7], "7"),
+    ],
+)
+def test_the_ranks_leave_the_engine_core_a_cpu_each_where_there_is_one_to_spare(
+    world: int, allowed: list[int], expected: str
+) -> None:
+    plan = hwlaunch.resolve(backend="cpu", world_size=world, executor="mp")
+    bound = bind_cpus(plan, {}, allowed=allowed)
+    assert bound.env[BIND_VAR] == expected
+    assert "left to the engine core" in bound.decision(BIND_VAR).reason
+
+
 def test_a_binding_the_user_set_wins_and_auto_is_hwlaunchs() -> None:
     plan = bind_cpus(_cpu_plan(), {BIND_VAR: "1|0"}, allowed=[0, 1])
     assert plan.env[BIND_VAR] == "1|0"

@@ -87,17 +87,37 @@ def bind_cpus(plan: Plan, environ: Mapping[str, str], allowed: list[int] | None 
         value, source, reason = user, f"env {BIND_VAR}", "the binding the user set wins"
     else:
         cpus = sorted(allowed if allowed is not None else _affinity())
-        per_rank = plan.cpu_threads or max(1, len(cpus) // plan.world_size)
-        value = binding_text(share_cpus(cpus, plan.world_size, per_rank))
-        source = "cpu_threads" if plan.cpu_threads else "fact: CPUs / world size"
+        kept = _engine_cpus(len(cpus), plan.world_size)
+        chosen = _chosen_threads(plan)
+        per_rank = chosen or max(1, (len(cpus) - kept) // plan.world_size)
+        value = binding_text(share_cpus(cpus[kept:], plan.world_size, per_rank))
+        source = "cpu_threads" if chosen else "fact: CPUs / world size"
         reason = (
-            f"each rank's {per_rank} CPU(s) of this process's {len(cpus)}, in order: vLLM "
-            "reads one set per local rank; its 'auto' would want a NUMA node per rank"
+            f"each rank's {per_rank} CPU(s) of this process's {len(cpus)}, in order, after "
+            f"{kept} left to the engine core (it waits on the workers every step; vLLM's own "
+            "binding leaves one per rank): vLLM reads one set per local rank; its 'auto' "
+            "would want a NUMA node per rank"
         )
     decision = Decision(setting=BIND_VAR, value=value, source=source, reason=reason)
     return dataclasses.replace(
         plan, env={**plan.env, BIND_VAR: value}, decisions=(*plan.decisions, decision)
     )
+
+
+def _chosen_threads(plan: Plan) -> int | None:
+    """The thread count the user chose (``cpu_threads`` from a keyword, flag, variable or
+    file); None where it is the plan's own share of the CPUs, which the binding redoes with
+    the engine core's CPUs set aside."""
+    if plan.cpu_threads is None or plan.decision("cpu_threads").source.startswith("fact"):
+        return None
+    return plan.cpu_threads
+
+
+def _engine_cpus(cpus: int, ranks: int) -> int:
+    """How many CPUs the ranks leave to the engine core's process: one per rank, as vLLM's own
+    CPU binding reserves them, where that still leaves each rank one; none on a machine with
+    no more CPUs than ranks."""
+    return max(0, min(ranks, cpus - ranks))
 
 
 def _affinity() -> list[int]:
