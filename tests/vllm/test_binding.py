@@ -27,4 +27,5 @@ def test_tp2_without_a_binding_runs_each_rank_on_its_share(engine_tp2: Any) -> N
     expected = share_cpus(sorted(os.sched_getaffinity(0)), 2, plan.cpu_threads or 1)
     assert executor_of(engine_tp2).collective_rpc(_affinity) == expected
     assert plan.env[BIND_VAR] == binding_text(expected)
-    assert plan.decision(BIND_VAR).source == "cpu_threads"
+    # no cpu_threads chosen by the user: the binding is this process's CPUs shared by rank
+    assert plan.decision(BIND_VAR).source == "fact: CPUs / world size"

@@ -81,11 +81,15 @@ class VllmWorker:
         return self.vllm_call("sample_tokens", (grammar_output,), {})
 
     def shutdown(self) -> None:
-        """vLLM's worker first, then its process groups (as vLLM's own worker processes end
-        them: their shared-memory queues unlinked), then the backend's."""
+        """The job's CPU all-reduce segments unlinked, then vLLM's worker, then its process
+        groups (as vLLM's own worker processes end them), then the backend's."""
         wrapper, self._vllm = self._vllm, None
         try:
             if wrapper is not None:
+                # Unlinked first: a rank whose peer is gone (its driver killed, or the engine
+                # core killed by vLLM's server) may not come back from ending vLLM's worker and
+                # groups within its grace; every rank that holds the segments keeps them mapped.
+                remove_segments(os.environ.get("VLLM_DIST_IDENT"))
                 wrapper.shutdown()
                 _end_vllm_groups()
         finally:
@@ -93,17 +97,14 @@ class VllmWorker:
 
 
 def _end_vllm_groups() -> None:
-    """vLLM's model-parallel groups and its distributed environment, ended; then the job's
-    CPU all-reduce segments (``_shm``)."""
+    """vLLM's model-parallel groups and its distributed environment, ended."""
     from vllm.distributed.parallel_state import (
         destroy_distributed_environment,
         destroy_model_parallel,
     )
 
-    ident = os.environ.get("VLLM_DIST_IDENT")
     destroy_model_parallel()
     destroy_distributed_environment()
-    remove_segments(ident)
 
 
 def _bind_cpus(binding: str | None, local_rank: int, ranks: int) -> None:

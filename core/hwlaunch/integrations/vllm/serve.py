@@ -24,6 +24,7 @@ import argparse
 from typing import Any
 
 from hwlaunch.errors import ConfigError
+from hwlaunch.integrations.vllm._shm import job_segments, orphans, unlink
 
 EXECUTOR = "hwlaunch.integrations.vllm.HwlaunchExecutor"
 PROG = "hwlaunch serve-vllm"
@@ -40,7 +41,11 @@ def serve(argv: list[str]) -> None:
 
     args.distributed_executor_backend = HwlaunchExecutor
 
-    uvloop.run(run_server(args))
+    before = job_segments()
+    try:
+        uvloop.run(run_server(args))
+    finally:  # what a tree killed at once (--shutdown-timeout 0) could not remove itself
+        unlink(orphans(job_segments() - before))
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
