@@ -278,7 +278,8 @@ class MultiprocExecutor(Executor):
             self.report_status(rank, "ready")
             return True
 
-        gather(pending, wait, take, self.startup_timeout, self.startup_timed_out)
+        deadline = time.monotonic() + self.startup_timeout
+        gather(pending, wait, take, deadline, self.startup_timed_out)
 
     def _startup_death(self, rank: int) -> WorkerStartupError:
         process = self._group.processes[rank]
@@ -342,13 +343,10 @@ class MultiprocExecutor(Executor):
         pending = list(range(group.world_size))
         self.waiting_on = pending  # what the stall watchdog names
         while pending:
-            remaining = None
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self.timed_out(label, pending, timeout)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self.timed_out(label, pending, timeout)
             try:
-                replies, ended = channel.receive(pending, remaining, sentinels, decode_reply)
+                replies, ended = channel.receive(pending, deadline, sentinels, decode_reply)
             except ChannelLost as lost:
                 raise self._lost(lost.rank, label) from None
             for rank, (reply_id, ok, value) in replies:  # replies first: one may answer, then end

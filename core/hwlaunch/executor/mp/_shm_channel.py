@@ -339,7 +339,7 @@ class ShmChannel:
         self,
         data: Message,
         alive: Callable[[], None],
-        deadline: float | None = None,
+        deadline: float | None,
         head: bytes = b"",
     ) -> None:
         """Write one message, ``head + data``, for every reader; ``alive()`` raises when a
@@ -445,13 +445,13 @@ class ShmChannel:
     def receive(
         self,
         pending: Collection[int],
-        timeout: float | None,
+        deadline: float | None,
         sentinels: Sequence[int],
         decode: Decode[T],
     ) -> tuple[list[tuple[int, T]], list[int]]:
         """Replies ``(rank, decode(view))`` to the last message that have arrived from
-        ``pending`` ranks, and the ``sentinels`` that became ready; both empty when ``timeout``
-        passed first.
+        ``pending`` ranks, and the ``sentinels`` that became ready; both empty when ``deadline``
+        (``time.monotonic()``; None: none) passed first.
 
         Polls while the CPUs have room until every pending rank answered, then blocks on the
         wake pipe and the sentinels until one more does. ``decode(view, lent)`` must not
@@ -463,7 +463,7 @@ class ShmChannel:
         ended: list[int] = []
         for rank in pending:
             if mm[slot_at[rank]] != seq:
-                self._await(pending, seq, timeout, sentinels, ended)
+                self._await(pending, seq, deadline, sentinels, ended)
                 break
         replies = []
         if not _TOTAL_STORE_ORDER:
@@ -472,7 +472,7 @@ class ShmChannel:
             at = slot_at[rank]
             if mm[at] == seq:
                 replies.append((rank, self._decode(rank, at, decode)))
-        if not replies and not ended and timeout is not None:
+        if not replies and not ended and deadline is not None:
             ended += self._ready_sentinels(sentinels, 0)
         return replies, ended
 
@@ -500,12 +500,11 @@ class ShmChannel:
         self,
         pending: Collection[int],
         seq: int,
-        timeout: float | None,
+        deadline: float | None,
         sentinels: Sequence[int],
         ended: list[int],
     ) -> None:
-        """Poll, then block, until a pending rank answers, a sentinel fires or time is up."""
-        deadline = None if timeout is None else _now() + timeout
+        """Poll, then block, until a pending rank answers, a sentinel fires or ``deadline``."""
         mm, slot_at = self.mm, self.geometry.slot_at
         flags = [slot_at[rank] for rank in pending]
         if self._spinner.poll(mm, flags, seq, deadline):

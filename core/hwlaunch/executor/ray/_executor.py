@@ -391,7 +391,7 @@ class RayExecutor(Executor):
             {ref: rank for rank, ref in enumerate(refs)},
             self._wait_one,
             take,
-            max(deadline - time.monotonic(), 0.0),
+            deadline,
             self.startup_timed_out,
         )
         return results
@@ -425,6 +425,7 @@ class RayExecutor(Executor):
                 failures[rank] = value
             return True
 
+        deadline = None if timeout is None else time.monotonic() + timeout
         group.busy = True
         try:
             refs = [
@@ -437,7 +438,7 @@ class RayExecutor(Executor):
                 pending,
                 self._wait_one,
                 take,
-                timeout,
+                deadline,
                 lambda ranks: self.timed_out(label, ranks, timeout),
             )
         finally:
