@@ -40,11 +40,12 @@ class Echo:
 
 def channel_echo(payload: Any) -> Callable[[], None]:
     """One echo of ``payload`` through a one-reader channel, both sides here."""
-    from hwlaunch.executor._runtime import encoded, flush_output, outcome
-    from hwlaunch.executor.mp._callables import CallReader
-    from hwlaunch.executor.mp._messages import CALL, request_head
+    from hwlaunch.executor._runtime import flush_output, outcome
     from hwlaunch.executor.mp._shm_channel import ShmChannel
-    from hwlaunch.executor.mp._wire import decode_reply, encode_call, encode_reply
+    from hwlaunch.executor.transport._callables import CallReader
+    from hwlaunch.executor.transport._messages import CALL, request_head
+    from hwlaunch.executor.transport._wire import decode_reply, encode_call, encode_reply
+    from hwlaunch.executor.transport.codec import encoded
 
     channel = ShmChannel(1, spin=0.0)
     endpoint = channel.endpoint(0)

@@ -5,7 +5,7 @@ every rank, receive the replies that have arrived, close), and their worker ends
 (``recv``, ``send``), so the executor's call logic and the worker's loop do not depend on which
 one carries the bytes. Every wait takes one deadline, a ``time.monotonic()`` value (None: no
 limit), turned into a relative timeout only at the system call that waits. The pipe channel writes the request into each rank's pipe; it is the
-portable one, and the one to compare against. A frame (``hwlaunch.executor.mp._wire``) is
+portable one, and the one to compare against. A frame (``hwlaunch.executor.transport._wire``) is
 laid out once into one buffer for the pipes, which take whole messages.
 """
 
@@ -18,7 +18,6 @@ from multiprocessing.connection import Connection
 from typing import Any, Protocol
 
 from hwlaunch.channels import SPIN_WITH_FREE_CPUS
-from hwlaunch.executor.mp._callables import SentCallables
 from hwlaunch.executor.mp._shm_channel import (
     COPY_MAX_BYTES,
     ChannelLost,
@@ -29,7 +28,8 @@ from hwlaunch.executor.mp._shm_channel import (
     T,
 )
 from hwlaunch.executor.mp._shm_wait import EAGER_LOOKS
-from hwlaunch.executor.mp._wire import Frame
+from hwlaunch.executor.transport._callables import SentCallables
+from hwlaunch.executor.transport._wire import Frame
 from hwlaunch.probes import usable_cpus
 
 

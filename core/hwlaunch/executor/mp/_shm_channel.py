@@ -101,8 +101,6 @@ from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
 from hwlaunch.channels import SHM_REPLY_BYTES
-from hwlaunch.executor.mp._callables import SentCallables
-from hwlaunch.executor.mp._loans import Loans
 from hwlaunch.executor.mp._shm_wait import (
     EAGER_LOOKS,
     Spinner,
@@ -112,7 +110,9 @@ from hwlaunch.executor.mp._shm_wait import (
     wake,
     wake_pipe,
 )
-from hwlaunch.executor.mp._wire import Frame
+from hwlaunch.executor.transport._callables import SentCallables
+from hwlaunch.executor.transport._loans import Loans
+from hwlaunch.executor.transport._wire import Frame
 
 __all__ = ["CHUNK_BYTES", "COPY_MAX_BYTES", "ChannelLost", "ShmChannel", "ShmEndpoint", "Spinner"]
 
@@ -624,7 +624,7 @@ class ShmEndpoint:
         """The next message (blocking): a view until released, or a small one's copy;
         answering it (``send``) lets the writer reuse its memory. Where the message lies in a
         chunk this reader may hold, :attr:`lending` is a list for the views that decoding it
-        lends (``hwlaunch.executor.mp._wire.decode``), settled by ``send``."""
+        lends (``hwlaunch.executor.transport._wire.decode``), settled by ``send``."""
         mm = self._mm or self._map()
         if self._held:
             self._held.take_back(mm)
