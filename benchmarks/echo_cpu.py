@@ -40,11 +40,11 @@ class Echo:
 
 def channel_echo(payload: Any) -> Callable[[], None]:
     """One echo of ``payload`` through a one-reader channel, both sides here."""
-    from hwlaunch.executor._runtime import encoded, flush_output, outcome
-    from hwlaunch.executor.mp._callables import CallReader
-    from hwlaunch.executor.mp._messages import CALL, request_head
+    from hwlaunch.executor._runtime import flush_output, outcome
     from hwlaunch.executor.mp._shm_channel import ShmChannel
-    from hwlaunch.executor.mp._wire import decode_reply, encode_call, encode_reply
+    from hwlaunch.executor.transport._callables import CallReader
+    from hwlaunch.executor.transport._messages import CALL, request_head
+    from hwlaunch.executor.transport.codec import FRAMES, encoded
 
     channel = ShmChannel(1, spin=0.0)
     endpoint = channel.endpoint(0)
@@ -52,14 +52,14 @@ def channel_echo(payload: Any) -> Callable[[], None]:
 
     def echo() -> None:
         head = request_head(CALL, 1, None)
-        channel.send(encode_call(("echo", (payload,), {})), lambda: None, None, head)
+        channel.send(FRAMES.encode_request(("echo", (payload,), {})), lambda: None, None, head)
         _, rpc_id, _, request = reader.next(endpoint)
         ok, value = outcome(worker, request, reader.take)  # type: ignore[arg-type]
         flush_output()
-        reply = encoded(encode_reply, (rpc_id, ok, value))
+        reply = encoded(FRAMES.encode_reply, (rpc_id, ok, value))
         value = request = None
         endpoint.send(reply)
-        replies, _ = channel.receive((0,), 10.0, (), decode_reply)
+        replies, _ = channel.receive((0,), time.monotonic() + 10.0, (), FRAMES.decode_reply)
         assert replies and replies[0][1][2] is not None
 
     return echo

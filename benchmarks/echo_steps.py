@@ -27,7 +27,7 @@ from _contenders import Echo, channel_executor, pin_apart  # benchmarks/ on sys.
 import hwlaunch.executor._runtime as runtime
 import hwlaunch.executor.mp._child as child
 import hwlaunch.executor.mp._shm_channel as shm
-import hwlaunch.executor.mp._wire as wire
+import hwlaunch.executor.transport._wire as wire
 
 STAMPS: list[tuple[str, int]] = []  # (step and > or <, nanoseconds); the worker has its own copy
 

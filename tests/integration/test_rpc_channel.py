@@ -97,12 +97,13 @@ class Readers:
 
     def round_trip(self, data: bytes, timeout: float = 60) -> dict[int, bytes]:
         """``data`` to every reader and back (copied out: nothing lent)."""
-        self.channel.send(data, self.alive, time.monotonic() + timeout)
+        deadline = time.monotonic() + timeout
+        self.channel.send(data, self.alive, deadline)
         got: dict[int, bytes] = {}
         sentinels = [p.sentinel for p in self.processes]
         while len(got) < len(self.processes):
             pending = [r for r in range(len(self.processes)) if r not in got]
-            replies, ended = self.channel.receive(pending, timeout, sentinels, _copy)
+            replies, ended = self.channel.receive(pending, deadline, sentinels, _copy)
             assert replies and not ended, f"no reply within {timeout}s (ended: {ended})"
             got.update(replies)
         return got
@@ -206,7 +207,7 @@ def test_messages_sent_while_a_reader_is_behind_each_get_memory_of_their_own(
             for data in sent:
                 channel.send(data, alive, time.monotonic() + 30)
             go_w.send_bytes(b"go")
-            replies, ended = channel.receive([0], 60, [reader.sentinel], _copy)
+            replies, ended = channel.receive([0], time.monotonic() + 60, [reader.sentinel], _copy)
             assert not ended
             expected = b"".join(hashlib.sha256(d).digest() for d in sent)
             assert replies == [(0, expected)], f"sizes {sizes}"
@@ -250,7 +251,7 @@ def test_a_reader_reports_its_output_pipe_drained_only_when_it_was_empty(spin: f
     def round_trip(number: int) -> None:
         data = number.to_bytes(2, "little")
         channel.send(data, lambda: None, time.monotonic() + 30)
-        replies, _ = channel.receive([0], 30, [reader.sentinel], _copy)
+        replies, _ = channel.receive([0], time.monotonic() + 30, [reader.sentinel], _copy)
         assert replies == [(0, data)]
         assert os.read(looked_r, 1) == b"."  # the reader's look after this answer is done
 

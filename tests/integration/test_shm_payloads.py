@@ -37,9 +37,9 @@ from processes import (
 
 from hwlaunch.executor._callable_cache import CachedPickle
 from hwlaunch.executor._runtime import encode_method
-from hwlaunch.executor.mp._messages import CALL, request_head
 from hwlaunch.executor.mp._shm_channel import CHUNK_BYTES, SLOT_BYTES
-from hwlaunch.executor.mp._wire import Frame, encode
+from hwlaunch.executor.transport._messages import CALL, request_head
+from hwlaunch.executor.transport._wire import Frame, encode
 from hwlaunch.planning.threads import probe_threads
 
 METHODS = ["fork", "spawn", "forkserver"]

@@ -1,5 +1,5 @@
-"""Lent shared memory (``hwlaunch.executor.mp._loans``) and the release of the views a
-decoded message gave out (``hwlaunch.executor.mp._wire.decode``), on plain buffers: what keeps
+"""Lent shared memory (``hwlaunch.executor.transport._loans``) and the release of the views a
+decoded message gave out (``hwlaunch.executor.transport._wire.decode``), on plain buffers: what keeps
 a flag byte set, what clears it, and that no view of the memory outlives its use."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from hwlaunch.executor.mp._loans import Loans, referenced
-from hwlaunch.executor.mp._wire import Frame, decode, encode
+from hwlaunch.executor.transport._loans import Loans, referenced
+from hwlaunch.executor.transport._wire import Frame, decode, encode
 
 FLAG = 8
 

@@ -5,12 +5,12 @@ An executor plugin subclasses :class:`Executor` and implements its public extens
 constructor). The uni, mp and ray executors and a plugin's build their worker with
 ``start_worker`` (the backend's worker class with the extension, then its start-up), and the
 external executor from the same parts, so a worker starts the same whichever executor hosts
-it. How a request is answered differs by transport: ``answer`` runs
-one pickled request and pickles the reply (``(ok, value)``; a Failure when not ok), which the
-ray executor's actors and a plugin's workers use; the mp executor's workers run each request
-through the same step inside ``answer`` (``_runtime.outcome``) and encode the reply with their
-channel's own codec (``mp/_child.py``); the uni and external executors call the worker in
-this process, with nothing encoded. The parent encodes requests with ``encode_method`` and
+it. Every request and reply is encoded in one place, ``hwlaunch.executor.transport.codec``:
+``answer`` runs one pickled request and pickles the reply (``(ok, value)``; a Failure when not
+ok), which the ray executor's actors and a plugin's workers use; the mp executor's workers run
+each request through the same step (``_runtime.outcome``) and encode the reply with the mp
+channels' frames (``FRAMES`` there); the uni and external executors call the worker in this
+process, with nothing encoded. The parent encodes requests with ``encode_method`` and
 ``dumps``, raises a rank's Failure with ``raise_first_failure``, and gives each worker
 ``worker_environment``.
 """
@@ -19,11 +19,8 @@ from __future__ import annotations
 
 from hwlaunch.executor._runtime import (
     Failure,
-    answer,
-    dumps,
     encode_extension,
     encode_method,
-    loads,
     method_label,
     start_worker,
 )
@@ -34,6 +31,7 @@ from hwlaunch.executor.base import (
     raise_first_failure,
     worker_environment,
 )
+from hwlaunch.executor.transport.codec import answer, dumps, loads
 
 __all__ = [
     "Executor",

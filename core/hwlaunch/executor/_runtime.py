@@ -17,7 +17,7 @@ import types
 from collections import ChainMap
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar
 
 import cloudpickle
 
@@ -28,7 +28,6 @@ from hwlaunch.plan import Plan
 from hwlaunch.probes import usable_cpus
 from hwlaunch.worker import Worker
 
-T = TypeVar("T")
 WorkerExtension = type | str | None
 # One call as it travels: a method name or a cloudpickled callable, its args and kwargs.
 Request = tuple[str | bytes, tuple[Any, ...], dict[str, Any]]
@@ -261,27 +260,6 @@ def outcome(
         return False, Failure.current(exc)
 
 
-def answer(worker: Worker | None, payload: Any, *, keep_value: bool = True) -> bytes:
-    """One request's reply ``(ok, value)``, pickled (:func:`dumps`).
-
-    A result that cannot be pickled comes back as a Failure too, so the channel always
-    carries an answer. With ``keep_value`` false a successful call's value stays here and
-    None travels (the caller asked for another rank's result only).
-    """
-    ok, value = outcome(worker, payload)
-    flush_output()
-    return encoded(dumps, (ok, value if keep_value or not ok else None))
-
-
-def encoded(encode: Callable[[tuple[Any, ...]], T], reply: tuple[Any, ...]) -> T:
-    """``encode(reply)``, where ``reply`` ends with ``(ok, value)``; a value that cannot be
-    encoded becomes the Failure it raised, so the channel always carries an answer."""
-    try:
-        return encode(reply)
-    except Exception as exc:
-        return encode((*reply[:-2], False, Failure.current(exc)))
-
-
 def flush_output() -> None:
     """What a call printed leaves the worker before its reply does: the driver then shows it
     before whatever the caller prints after the call (buffered, it would come later)."""
@@ -292,15 +270,3 @@ def flush_output() -> None:
             stream.flush()
         except Exception:  # a closed or replaced stream: nothing to hand on
             pass
-
-
-def dumps(obj: Any) -> bytes:
-    """Plain pickle (fast) for data; cloudpickle for what plain pickle cannot take by value."""
-    try:
-        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except (pickle.PicklingError, AttributeError, TypeError):
-        return bytes(cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def loads(data: bytes | memoryview) -> Any:
-    return pickle.loads(data)

@@ -432,17 +432,18 @@ def gather(
     pending: dict[K, int],
     wait: Callable[[list[K], float | None], Iterable[K]],
     take: Callable[[K, int], bool],
-    timeout: float | None,
+    deadline: float | None,
     on_timeout: Callable[[list[int]], BaseException],
 ) -> None:
-    """Wait for every pending key (a pipe, a Ray reference) until the deadline.
+    """Wait for every pending key (a pipe, a Ray reference) until ``deadline`` (a
+    ``time.monotonic()`` value; None: no limit).
 
     ``wait(keys, remaining)`` returns the keys that are ready (it may raise, e.g. on a death, and
-    it may consume replies itself and remove their keys); ``take(key, rank)`` consumes one
-    and returns whether that rank is done. When the deadline
-    passes with ranks pending, ``on_timeout(ranks)`` is raised.
+    it may consume replies itself and remove their keys): ``remaining`` is the deadline as the
+    relative timeout its system call takes. ``take(key, rank)`` consumes one and returns
+    whether that rank is done. When the deadline passes with ranks pending,
+    ``on_timeout(ranks)`` is raised.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
     while pending:
         remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         ready = list(wait(list(pending), remaining))

@@ -37,14 +37,14 @@ from hwlaunch.executor._mainprep import (
     reimport_main,
 )
 from hwlaunch.executor._proctitle import set_title
-from hwlaunch.executor._runtime import Failure, encoded, flush_output, outcome, start_worker
+from hwlaunch.executor._runtime import Failure, flush_output, outcome, start_worker
 from hwlaunch.executor._stacks import start_stack_thread
 from hwlaunch.executor._worker_signals import install_dispatch
 from hwlaunch.executor.mp import _process_tree as process_tree
-from hwlaunch.executor.mp._callables import CallReader
-from hwlaunch.executor.mp._messages import SHUTDOWN
 from hwlaunch.executor.mp._pipe_channel import Endpoint
-from hwlaunch.executor.mp._wire import encode_reply
+from hwlaunch.executor.transport._callables import CallReader
+from hwlaunch.executor.transport._messages import SHUTDOWN
+from hwlaunch.executor.transport.codec import FRAMES, encoded
 from hwlaunch.plan import Plan
 from hwlaunch.runtime_facts import REIMPORT_UNSAFE
 
@@ -300,7 +300,7 @@ def _fail_startup(conn: Connection, failure: Failure) -> NoReturn:
 
 
 def serve(worker: Any, rank: int, channel: Endpoint) -> bool:
-    """Answer requests (``hwlaunch.executor.mp._messages``) with ``(rpc_id, ok, value)``;
+    """Answer requests (``hwlaunch.executor.transport._messages``) with ``(rpc_id, ok, value)``;
     return True when told to shut down, False when the channel ended (the parent is gone).
 
     ``channel`` is this rank's end of the pipe or shared-memory channel; both give whole
@@ -319,12 +319,12 @@ def serve(worker: Any, rank: int, channel: Endpoint) -> bool:
             try:
                 worker.shutdown()
             finally:
-                send(encode_reply((rpc_id, True, None)))
+                send(FRAMES.encode_reply((rpc_id, True, None)))
             return True
         ok, value = outcome(worker, request, take)
         if reply_rank is not None and reply_rank != rank and ok:
             value = None
         flush_output()
-        reply = encoded(encode_reply, (rpc_id, ok, value))
+        reply = encoded(FRAMES.encode_reply, (rpc_id, ok, value))
         value = request = None  # so that a lent argument (see ShmEndpoint) can be free
         send(reply)

@@ -43,17 +43,19 @@ from hwlaunch.executor.mp import _process_tree as process_tree
 from hwlaunch.executor.mp._child import worker_main
 from hwlaunch.executor.mp._forkserver import ServerProcess, server_for, start_through
 from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
-from hwlaunch.executor.mp._messages import CALL, request_head
 from hwlaunch.executor.mp._output_pipes import OutputPipes
 from hwlaunch.executor.mp._pipe_channel import open_channel
 from hwlaunch.executor.mp._quiet_fork import quiet_safe_fork
 from hwlaunch.executor.mp._room import out_of_room, room_note
 from hwlaunch.executor.mp._shm_channel import ChannelLost, Message, ShmChannel
 from hwlaunch.executor.mp._stack_requests import request_stacks
-from hwlaunch.executor.mp._wire import decode_reply, encode_call
+from hwlaunch.executor.transport._messages import CALL, request_head
+from hwlaunch.executor.transport.codec import FRAMES
 from hwlaunch.plan import Plan
 
 __all__ = ["MultiprocExecutor"]
+
+_decode_reply = FRAMES.decode_reply  # bound once: the hot path passes it on every call
 
 
 @contextlib.contextmanager
@@ -278,7 +280,8 @@ class MultiprocExecutor(Executor):
             self.report_status(rank, "ready")
             return True
 
-        gather(pending, wait, take, self.startup_timeout, self.startup_timed_out)
+        deadline = time.monotonic() + self.startup_timeout
+        gather(pending, wait, take, deadline, self.startup_timed_out)
 
     def _startup_death(self, rank: int) -> WorkerStartupError:
         process = self._group.processes[rank]
@@ -297,7 +300,7 @@ class MultiprocExecutor(Executor):
         method = request[0]
         # A cached callable travels apart, in the header (by digest once the workers hold it).
         cached = type(method) is CachedPickle
-        payload = encode_call((None, *request[1:]) if cached else request)
+        payload = FRAMES.encode_request((None, *request[1:]) if cached else request)
         if group.state.closed:
             group.await_cleanup()
         with group.lock:
@@ -342,13 +345,10 @@ class MultiprocExecutor(Executor):
         pending = list(range(group.world_size))
         self.waiting_on = pending  # what the stall watchdog names
         while pending:
-            remaining = None
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise self.timed_out(label, pending, timeout)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise self.timed_out(label, pending, timeout)
             try:
-                replies, ended = channel.receive(pending, remaining, sentinels, decode_reply)
+                replies, ended = channel.receive(pending, deadline, sentinels, _decode_reply)
             except ChannelLost as lost:
                 raise self._lost(lost.rank, label) from None
             for rank, (reply_id, ok, value) in replies:  # replies first: one may answer, then end

@@ -20,10 +20,10 @@ import psutil
 
 from hwlaunch.errors import WorkerDiedError
 from hwlaunch.executor.mp import _process_tree as process_tree
-from hwlaunch.executor.mp._messages import SHUTDOWN, request_head
 from hwlaunch.executor.mp._pipe_channel import Channel
 from hwlaunch.executor.mp._shm_channel import ChannelLost
 from hwlaunch.executor.state import ClosedState
+from hwlaunch.executor.transport._messages import SHUTDOWN, request_head
 from hwlaunch.plan import SIGKILL_AFTER
 
 __all__ = ["END_NOW", "EXIT_CODE_WAIT", "WorkerGroup"]

@@ -1,32 +1,35 @@
-"""The pipe RPC channel, and the choice between it and the shared-memory one.
+"""The pipe RPC channel, the protocol both channels implement, and the choice between them.
 
-Both channels offer the mp executor the same three operations (send one request to every rank,
-receive the replies that have arrived, close), and their worker ends the same two (``recv``,
-``send``), so the executor's call logic and the worker's loop do not depend on which one
-carries the bytes. The pipe channel writes the request into each rank's pipe; it is the
-portable one, and the one to compare against. A frame (``hwlaunch.executor.mp._wire``) is
+Both channels offer the mp executor the same operations (:class:`Channel`: send one request to
+every rank, receive the replies that have arrived, close), and their worker ends the same two
+(``recv``, ``send``), so the executor's call logic and the worker's loop do not depend on which
+one carries the bytes. Every wait takes one deadline, a ``time.monotonic()`` value (None: no
+limit), turned into a relative timeout only at the system call that waits. The pipe channel writes the request into each rank's pipe; it is the
+portable one, and the one to compare against. A frame (``hwlaunch.executor.transport._wire``) is
 laid out once into one buffer for the pipes, which take whole messages.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Sequence
 from multiprocessing import connection
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, Protocol
 
 from hwlaunch.channels import SPIN_WITH_FREE_CPUS
-from hwlaunch.executor.mp._callables import SentCallables
 from hwlaunch.executor.mp._shm_channel import (
     COPY_MAX_BYTES,
     ChannelLost,
+    Decode,
     Message,
     ShmChannel,
     ShmEndpoint,
     T,
 )
 from hwlaunch.executor.mp._shm_wait import EAGER_LOOKS
-from hwlaunch.executor.mp._wire import Frame
+from hwlaunch.executor.transport._callables import SentCallables
+from hwlaunch.executor.transport._wire import Frame
 from hwlaunch.probes import usable_cpus
 
 
@@ -57,9 +60,10 @@ class PipeChannel:
         self,
         data: Message,
         alive: Callable[[], None],
-        deadline: float | None = None,
+        deadline: float | None,
         head: bytes = b"",
     ) -> None:
+        """Pipes take the whole message at once: nothing here waits for a reader."""
         message = _whole(head, data)
         for rank, conn in enumerate(self.conns):
             try:
@@ -70,11 +74,12 @@ class PipeChannel:
     def receive(
         self,
         pending: Collection[int],
-        timeout: float | None,
+        deadline: float | None,
         sentinels: Sequence[int],
-        decode: Callable[[memoryview], T],
+        decode: Decode[T],
     ) -> tuple[list[tuple[int, T]], list[int]]:
         by_conn = {id(self.conns[rank]): rank for rank in pending}
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         ready = connection.wait([self.conns[r] for r in pending] + list(sentinels), timeout)
         replies: list[tuple[int, T]] = []
         ended: list[int] = []
@@ -87,7 +92,7 @@ class PipeChannel:
                 data = self.conns[rank].recv_bytes()
             except (EOFError, OSError):
                 raise ChannelLost(rank) from None
-            replies.append((rank, decode(memoryview(data))))
+            replies.append((rank, decode(memoryview(data), None)))
         return replies, ended
 
     def output_drained(self) -> bool:
@@ -119,8 +124,39 @@ class PipeEndpoint:
         """Nothing to report on this channel (the parent always looks at the pipes)."""
 
 
-Channel = PipeChannel | ShmChannel
 Endpoint = PipeEndpoint | ShmEndpoint
+
+
+class Channel(Protocol):
+    """The parent's side of an RPC channel, as the mp executor drives it (shm or pipe).
+
+    ``deadline`` is a ``time.monotonic()`` value, None for no limit: ``send`` raises
+    TimeoutError when it passes before every reader made room (``ChannelLost`` when ``alive()``
+    finds a reader gone), ``receive`` returns with nothing when it passes first.
+    """
+
+    conns: list[Connection]
+    callables: SentCallables
+
+    def endpoint(self, rank: int, conn: Connection) -> Endpoint: ...
+
+    def child_fds(self, rank: int) -> tuple[int, ...]: ...
+
+    def send(
+        self, data: Message, alive: Callable[[], None], deadline: float | None, head: bytes = b""
+    ) -> None: ...
+
+    def receive(
+        self,
+        pending: Collection[int],
+        deadline: float | None,
+        sentinels: Sequence[int],
+        decode: Decode[T],
+    ) -> tuple[list[tuple[int, T]], list[int]]: ...
+
+    def output_drained(self) -> bool: ...
+
+    def close(self) -> None: ...
 
 
 def open_channel(kind: str, world_size: int, spin: float | None) -> Channel:

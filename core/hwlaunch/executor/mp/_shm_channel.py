@@ -5,84 +5,76 @@ once per worker and every message costs system calls on each side. Here the requ
 once into a ring that every worker reads, and each worker answers into a slot of its own; while
 messages are frequent, both sides find them by polling memory, with no system call at all.
 
-Layout of one anonymous memory file (``memfd``; nothing is ever named in ``/dev/shm``, so nothing
-can be left behind, even when every process is SIGKILLed: the kernel frees the memory when the
-last process that maps it ends), every part starting on a cache line of its own:
+One anonymous memory file (``memfd``: nothing is named in ``/dev/shm``, so nothing is left
+behind even when every process is SIGKILLed), R readers, C chunks; each part starts on a
+64-byte line of its own (``Geometry`` does the arithmetic for both sides)::
 
-- the parent's line: its *sleeping* byte;
-- one line per reader: its *sleeping* byte, its *consumed* byte (the sequence byte of the
-  last message it took), then its *drained* byte (see *output*), and from byte 8 a *held*
-  byte per chunk (see *lent requests*);
-- one line per reader that the parent writes: whether it holds each of the reader's two reply
-  areas (see *lent replies*);
-- a ring of ``chunks`` chunks: a header line (the *sequence* byte, the message length and
-  which chunk's data area holds it) and ``chunk_bytes`` of data;
-- one reply slot per reader: a header line (the sequence byte of the message it answers, the
-  length, and which of the reader's two areas holds the reply) and ``slot_bytes`` of data (the
-  first area);
-- the second reply area of each reader, ``slot_bytes`` each.
+    line(0)          | sleeping |                                          parent's line
+    line(1+r)        | sleeping | consumed | drained | .. | held[0..C-1] |  reader r's line
+    lend_at[r]       | lent[0] | lent[1] |                                  reader r's areas
+    chunk_at[c]      | seq | .. | length : area << 48 : SPILLED |          chunk c's header
+                     | small message (<= COPY_MAX_BYTES) | data ...     |   chunk_bytes
+    slot_at[r]       | seq | .. | length : SECOND : SPILLED |             reader r's reply slot
+                     | reply area 0 ...                                |   slot_bytes
+    area_at[r][1]    | reply area 1 ...                                |   slot_bytes
+    spill files      | a request larger than a chunk; per rank, a reply larger than a slot
 
-Message ``n`` (counted from 1) is announced in the header of chunk ``n % chunks``: its sequence
-byte ``n & 0xFF``, written after the data, and its length; a reader waits for that byte, and its
-reply carries the same byte. The writer reuses a chunk's header once every reader's consumed
-byte shows that it took the message before. The message itself goes into the data area of the
-first chunk that every reader is done with (it took the last message written there), that no
-reader holds, and that did not take the last large message (see *alternate areas*), named in the
-length's top bits: calls made one after another take turns between two chunks rather than
-going round the ring, and a chunk a reader holds (see *lent requests*) costs nothing while
-another is free. A small message (up to ``COPY_MAX_BYTES``) stays beside its header where that
-chunk is free: the line after the header's. Nothing is ever cleared, so a message costs one
-flag store on each side.
+Its flags (``n`` is the message number, counted from 1; a sequence byte is ``n & 0xFF``; no
+flag is ever cleared to announce anything, so a message costs one store on each side):
+
+=================  =============  ====================================================
+flag (written by)  value          meaning
+=================  =============  ====================================================
+chunk ``seq``      ``n & 0xFF``   message ``n`` lies in chunk ``n % C``'s header, its
+(parent)                          data in the area the length's top bits name; written
+                                  after the data
+slot ``seq``       ``n & 0xFF``   reader ``r``'s reply to message ``n`` lies in the
+(reader r)                        area ``SECOND`` names (or its spill file:
+                                  ``SPILLED``); written after the data
+consumed           ``n & 0xFF``   reader ``r`` took message ``n``: the parent may reuse
+(reader r)                        its chunk's header, data area and the spill file
+drained            ``n & 0xFF``   reader ``r``'s output pipes were empty after it
+(reader r)                        answered ``n`` (``n ^ 0x80``: not known, the parent
+                                  looks itself; see *output*)
+held[c]            1 / 0          the only reader lends chunk ``c``'s data to the call's
+(reader 0)                        tensors: the parent writes no message there
+lent[a]            1 / 0          the parent lends reader ``r``'s reply area ``a`` to a
+(parent)                          result: the reader answers into the other one
+sleeping           1 / 0          the party blocks on its wake pipe: whoever publishes
+(its party)                       a flag it waits for writes that pipe
+=================  =============  ====================================================
+
+Where a message goes: into the data area of the first chunk that every reader is done with,
+that no reader holds and that did not take the last large message; a small message beside its
+header where that chunk is free; a message larger than a chunk (a reply larger than a slot)
+into a spill file, grown to the largest message it carried and kept mapped, so a large payload
+is copied once into shared memory, never through a pipe. A reader decodes a message where it
+lies and marks it consumed with its answer.
 
 *Alternate areas*: a large message goes into a free area other than the last large message's,
-on both sides (requests into two chunks in turn, each reader's large replies into its two
-reply areas in turn). A CPU that reads a megabyte keeps most of it in its cache; the other
-side's CPU writing the same memory right after must take every line from it first, which
-makes the write cost several plain copies. By the time an area comes round again, its reader
-has moved the other message (and what its call touched) through its cache, and the write
-costs a copy (the figures: docs/performance.md, "Alternate areas").
-
-A message larger than a chunk (or a reply larger than a slot) goes into a *spill* file instead:
-one more anonymous memory file per direction (the parent's requests; each rank's replies),
-grown to the largest message it carried and kept mapped, so a large payload is copied once
-into shared memory, never through a pipe. Its length in the ring or slot carries ``SPILLED``.
-A reader decodes a message where it lies and marks it consumed with its answer; the writer
-spills again only once every reader has taken the message before.
+on both sides (requests into two chunks in turn, each reader's large replies into its two reply
+areas in turn): a CPU that read a megabyte keeps it in its cache, and the other side writing
+the same memory right after must take every line from it first (the figures:
+docs/performance.md, "Alternate areas").
 
 *Lent replies*: the parent decodes a reply in place, and the CPU tensors in it view the reply
-area instead of a copy of it (one copy of a large result fewer), where the reader's other area
-is free. (A numpy array is copied: it holds its memory through a view of its own, which the
-parent cannot follow; a tensor references the very view it was given.) The area is then the
-caller's for as long as anything views it: after the decoding, and before each later request,
-the parent looks at the references to the views it gave out, and marks the area free again
-once nothing but itself holds them. A reader
-answers into a free area (a large reply into the other one than its last large reply's,
-unless the parent holds that one); since the parent lends an area only while the other one is
-free, there always is one, and a result the caller keeps merely makes later replies of that
-reader copies (as every reply of a spill file, or of the pipe channel, is). What stays lent is
-memory the workers can reach: a process forked from the parent later shares, rather than
-copies, a result it still holds.
+area instead of a copy of it, where the reader's other area is free (a numpy array holds its
+memory through a view of its own, which the parent cannot follow: it is copied). The area is
+the caller's while anything views it: before each later request the parent looks at the
+references to the views it gave out and clears ``lent`` once nothing but itself holds them. A
+result the caller keeps merely makes that reader's later replies copies.
 
-*Lent requests*: where the channel has one reader, the CPU tensors of a request view the
-chunk they arrived in while the worker uses them, instead of a copy (one copy of a large
-argument fewer). After the call, with the call's arguments and result dropped, the reader
-looks at the references to the views it lent (as the parent does for lent replies): while
-something still holds one (the worker kept the tensor, or a view of it), the reader sets its
-held byte for that chunk before it marks the message consumed, and clears it before a later
-message once nothing does. A held chunk's data area is never written: messages go to the
-other chunks, and to the spill file once every chunk is held; its messages, like any message
-when there are several readers, are decoded into copies. (Several readers read the same
-chunk, so a tensor that one of them wrote in place would change the others' arguments: they
-get copies.)
+*Lent requests*: with one reader, a request's CPU tensors view the chunk they arrived in while
+the worker uses them. After the call the reader looks at the references to the views it lent:
+while something holds one, it sets ``held`` before it marks the message consumed, and clears it
+before a later message once nothing does; messages then go to the other chunks, and to the
+spill file once every chunk is held. With several readers a tensor one of them wrote in place
+would change the others' arguments: they get copies.
 
 *Output*: an RPC returns once what the workers wrote before their replies is on the console
-(``OutputPipes.sync``), which costs the parent a look at every output pipe after each call.
-A worker that polls (a CPU of its own) looks at its own stdout and stderr pipes right after
-it answered, while the parent decodes the answer, and stores the reply's sequence byte as its
-*drained* byte when both pipes were empty: everything written before the reply was read by
-the parent's output thread by then. The parent skips its own look when every reader's
-drained byte is the last request's; the byte is made stale before each reply, so a look the
-worker has not finished yet only means the parent looks itself, as it always may.
+(``OutputPipes.sync``). A worker that polls (a CPU of its own) looks at its own stdout and
+stderr pipes right after it answered and stores ``drained`` when both were empty; the parent
+skips its own look when every reader's ``drained`` is the last request's.
 
 Waiting (``hwlaunch.executor.mp._shm_wait``): a party polls while the CPUs have room, then
 blocks on a wake pipe. Writer and readers never wait forever on each other: the parent's waits
@@ -109,8 +101,6 @@ from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
 from hwlaunch.channels import SHM_REPLY_BYTES
-from hwlaunch.executor.mp._callables import SentCallables
-from hwlaunch.executor.mp._loans import Loans
 from hwlaunch.executor.mp._shm_wait import (
     EAGER_LOOKS,
     Spinner,
@@ -120,7 +110,9 @@ from hwlaunch.executor.mp._shm_wait import (
     wake,
     wake_pipe,
 )
-from hwlaunch.executor.mp._wire import Frame
+from hwlaunch.executor.transport._callables import SentCallables
+from hwlaunch.executor.transport._loans import Loans
+from hwlaunch.executor.transport._wire import Frame
 
 __all__ = ["CHUNK_BYTES", "COPY_MAX_BYTES", "ChannelLost", "ShmChannel", "ShmEndpoint", "Spinner"]
 
@@ -339,7 +331,7 @@ class ShmChannel:
         self,
         data: Message,
         alive: Callable[[], None],
-        deadline: float | None = None,
+        deadline: float | None,
         head: bytes = b"",
     ) -> None:
         """Write one message, ``head + data``, for every reader; ``alive()`` raises when a
@@ -445,13 +437,13 @@ class ShmChannel:
     def receive(
         self,
         pending: Collection[int],
-        timeout: float | None,
+        deadline: float | None,
         sentinels: Sequence[int],
         decode: Decode[T],
     ) -> tuple[list[tuple[int, T]], list[int]]:
         """Replies ``(rank, decode(view))`` to the last message that have arrived from
-        ``pending`` ranks, and the ``sentinels`` that became ready; both empty when ``timeout``
-        passed first.
+        ``pending`` ranks, and the ``sentinels`` that became ready; both empty when ``deadline``
+        (``time.monotonic()``; None: none) passed first.
 
         Polls while the CPUs have room until every pending rank answered, then blocks on the
         wake pipe and the sentinels until one more does. ``decode(view, lent)`` must not
@@ -463,7 +455,7 @@ class ShmChannel:
         ended: list[int] = []
         for rank in pending:
             if mm[slot_at[rank]] != seq:
-                self._await(pending, seq, timeout, sentinels, ended)
+                self._await(pending, seq, deadline, sentinels, ended)
                 break
         replies = []
         if not _TOTAL_STORE_ORDER:
@@ -472,7 +464,7 @@ class ShmChannel:
             at = slot_at[rank]
             if mm[at] == seq:
                 replies.append((rank, self._decode(rank, at, decode)))
-        if not replies and not ended and timeout is not None:
+        if not replies and not ended and deadline is not None:
             ended += self._ready_sentinels(sentinels, 0)
         return replies, ended
 
@@ -500,12 +492,11 @@ class ShmChannel:
         self,
         pending: Collection[int],
         seq: int,
-        timeout: float | None,
+        deadline: float | None,
         sentinels: Sequence[int],
         ended: list[int],
     ) -> None:
-        """Poll, then block, until a pending rank answers, a sentinel fires or time is up."""
-        deadline = None if timeout is None else _now() + timeout
+        """Poll, then block, until a pending rank answers, a sentinel fires or ``deadline``."""
         mm, slot_at = self.mm, self.geometry.slot_at
         flags = [slot_at[rank] for rank in pending]
         if self._spinner.poll(mm, flags, seq, deadline):
@@ -633,7 +624,7 @@ class ShmEndpoint:
         """The next message (blocking): a view until released, or a small one's copy;
         answering it (``send``) lets the writer reuse its memory. Where the message lies in a
         chunk this reader may hold, :attr:`lending` is a list for the views that decoding it
-        lends (``hwlaunch.executor.mp._wire.decode``), settled by ``send``."""
+        lends (``hwlaunch.executor.transport._wire.decode``), settled by ``send``."""
         mm = self._mm or self._map()
         if self._held:
             self._held.take_back(mm)

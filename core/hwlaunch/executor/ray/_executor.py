@@ -27,7 +27,7 @@ from typing import Any
 
 from hwlaunch.errors import BackendUnavailableError, WorkerDiedError, WorkerStartupError
 from hwlaunch.executor._outside_stacks import OutsideReads
-from hwlaunch.executor._runtime import Failure, Request, dumps, loads
+from hwlaunch.executor._runtime import Failure, Request
 from hwlaunch.executor.base import (
     Executor,
     StatusCallback,
@@ -56,6 +56,7 @@ from hwlaunch.executor.ray._placement import (
     rank_order,
 )
 from hwlaunch.executor.state import ClosedState
+from hwlaunch.executor.transport.codec import PICKLES
 from hwlaunch.plan import Plan
 
 __all__ = ["RayExecutor"]
@@ -391,7 +392,7 @@ class RayExecutor(Executor):
             {ref: rank for rank, ref in enumerate(refs)},
             self._wait_one,
             take,
-            max(deadline - time.monotonic(), 0.0),
+            deadline,
             self.startup_timed_out,
         )
         return results
@@ -405,7 +406,7 @@ class RayExecutor(Executor):
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
         group, ray = self._group, self._group.ray
-        payload = dumps(request)
+        payload = PICKLES.encode_request(request)
         arg = ray.put(payload) if len(payload) > INLINE_ARGS_LIMIT else payload
         results: list[Any] = [None] * len(group.actors)
         failures: dict[int, Failure] = {}
@@ -416,7 +417,7 @@ class RayExecutor(Executor):
             except self._errors.RayActorError as exc:
                 raise self._actor_died(rank, label, exc) from exc
             try:
-                ok, value = loads(reply)
+                ok, value = PICKLES.decode_reply(reply)
             except Exception as exc:  # a class the driver cannot import: its error, not the rank's
                 ok, value = False, Failure.current(exc, undecodable=True)
             if ok:
@@ -425,6 +426,7 @@ class RayExecutor(Executor):
                 failures[rank] = value
             return True
 
+        deadline = None if timeout is None else time.monotonic() + timeout
         group.busy = True
         try:
             refs = [
@@ -437,7 +439,7 @@ class RayExecutor(Executor):
                 pending,
                 self._wait_one,
                 take,
-                timeout,
+                deadline,
                 lambda ranks: self.timed_out(label, ranks, timeout),
             )
         finally:

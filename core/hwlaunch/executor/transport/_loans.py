@@ -1,7 +1,7 @@
 """Shared memory lent out as views, and the flag bytes that say it is still in use.
 
 Both sides of the shm channel lend memory where decoding a message lets tensors view it
-instead of copying it (``hwlaunch.executor.mp._wire.decode``): the parent lends a worker's
+instead of copying it (``hwlaunch.executor.transport._wire.decode``): the parent lends a worker's
 reply area to a result, a lone worker lends the ring chunk of a request to its arguments. The
 other side must not write that memory while anything views it, so the lender keeps the views
 it gave out, sets a flag byte in shared memory while any of them is referenced from outside,

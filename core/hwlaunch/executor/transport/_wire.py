@@ -7,7 +7,7 @@ copied once on each side, as a raw memory copy would be:
 
 - **out-of-band buffers** (``pickle.PickleBuffer``, ``buffer_callback``): a numpy array, a CPU
   torch tensor and a ``memoryview`` hand their memory to the pickler as a buffer
-  (``hwlaunch.executor.mp._reductions``), which the channel copies straight from the object's
+  (``hwlaunch.executor.transport._reductions``), which the channel copies straight from the object's
   memory into shared memory;
 - **large byte strings** (64 KiB and more: ``bytes``, ``bytearray``): the C pickler hands them
   to its file's ``write`` as the object itself, outside its own buffer; :class:`Frame` keeps the
@@ -34,7 +34,7 @@ from typing import Any, ClassVar
 import cloudpickle
 
 from hwlaunch.executor._runtime import Failure
-from hwlaunch.executor.mp._reductions import (
+from hwlaunch.executor.transport._reductions import (
     DUMPING,
     LENDING,
     by_value_reduction,

@@ -3,8 +3,8 @@
 The header is read with one ``struct`` call (no unpickling): the kind, the call id, the rank
 whose result travels back, and the callable's digest with its pickled form when the workers
 do not hold it yet (a callable they hold travels as its digest alone: see
-``hwlaunch.executor.mp._callables``). The header is padded to 64 bytes, so that the call
-itself (``hwlaunch.executor.mp._wire``, decoded by the worker inside the code that turns its
+``hwlaunch.executor.transport._callables``). The header is padded to 64 bytes, so that the call
+itself (``hwlaunch.executor.transport._wire``, decoded by the worker inside the code that turns its
 failures into the caller's WorkerError) starts on a cache line.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 
-from hwlaunch.executor.mp._wire import align
+from hwlaunch.executor.transport._wire import align
 
 __all__ = ["CALL", "NO_CALLABLE", "REQUEST", "SHUTDOWN", "parse_request", "request_head"]
 

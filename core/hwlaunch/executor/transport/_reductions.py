@@ -1,4 +1,4 @@
-"""How the wire (``hwlaunch.executor.mp._wire``) takes tensors, arrays and memoryviews apart.
+"""How the wire (``hwlaunch.executor.transport._wire``) takes tensors, arrays and memoryviews apart.
 
 Each kind of payload hands its memory to the pickler as one out-of-band buffer, and is rebuilt
 on the other side by a function of this module that copies the buffer once (the view it gets

@@ -21,8 +21,8 @@ import cloudpickle
 
 from hwlaunch.executor._callable_cache import CachedPickle
 from hwlaunch.executor._runtime import Request, adopt_main_objects
-from hwlaunch.executor.mp._messages import NO_CALLABLE, SHUTDOWN, Body, parse_request
-from hwlaunch.executor.mp._wire import FRAME_BYTE, decode
+from hwlaunch.executor.transport._messages import NO_CALLABLE, SHUTDOWN, Body, parse_request
+from hwlaunch.executor.transport._wire import FRAME_BYTE, decode
 
 __all__ = ["KEPT", "CallReader", "KeptCallables", "SentCallables"]
 
