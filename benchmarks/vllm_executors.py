@@ -44,44 +44,10 @@ from typing import Any
 
 CONTENDERS = ("hwlaunch", "vllm-mp")
 ENGINE = {"dtype": "float32", "max_model_len": 256, "seed": 0, "enforce_eager": True}
-PROMPTS = [
-    "hello world the model is",
-    "one two three four five",
-    "the cat and the dog",
-    "a fork of the process",
-]
-WORDS = "the a of to in and is it hello world model one two three four five cat dog fork process"
-
-
-def build_model(path: Path) -> None:
-    """A random Llama (hidden 256: a head size of 64, the smallest vLLM's CPU attention takes)
-    with a word-level tokenizer, from seed 0."""
-    import tokenizers
-    import torch
-    import transformers
-
-    words = ("[UNK]", "<s>", "</s>", *WORDS.split())
-    vocab = {word: index for index, word in enumerate(words)}
-    tok = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab=vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
-    tokenizer: Any = transformers.PreTrainedTokenizerFast
-    tokenizer(
-        tokenizer_object=tok, unk_token="[UNK]", bos_token="<s>", eos_token="</s>"
-    ).save_pretrained(path)
-    config = transformers.LlamaConfig(
-        vocab_size=len(vocab),
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        bos_token_id=1,
-        eos_token_id=2,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
+# The model and prompts of tests/vllm (one builder for both): a random Llama, hidden 256 (a
+# head size of 64, the smallest vLLM's CPU attention takes), a word-level tokenizer, seed 0.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "vllm"))
+from tiny_llama import PROMPTS, build  # noqa: E402  (tests/vllm on sys.path)
 
 
 def no_op(worker: Any) -> None:
@@ -210,7 +176,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model or str(Path(tmp) / "model")
         if not args.model:
-            build_model(Path(model))
+            build(Path(model))
         runs = []
         for rep in range(args.reps):
             order = CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]
