@@ -54,8 +54,12 @@ def a_lock(worker: Worker) -> Any:
 
 
 def only_in_workers(worker: Worker, folder: str) -> Any:
-    """An object of a class that only the workers can import: its module is on their path."""
-    Path(folder, "only_in_workers.py").write_text("class Token:\n    pass\n")
+    """An object of a class that only the workers can import: its module is on their path.
+    Written whole under another name, then renamed: every rank writes it, and a rank must never
+    import the file while another has it truncated."""
+    partial = Path(folder, f".only_in_workers.{os.getpid()}")
+    partial.write_text("class Token:\n    pass\n")
+    os.replace(partial, Path(folder, "only_in_workers.py"))
     sys.path.insert(0, folder)
     import only_in_workers  # type: ignore[import-not-found]
 

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from plugin_sites import install_from_index
 
@@ -190,14 +191,24 @@ def test_opencvs_own_openblas_is_safe_too(tmp_path: Path) -> None:
     ended(seen["children"], 0)
 
 
+KMP_FILES = "__KMP_REGISTERED_LIB_*_*"  # libiomp5's registration of a process: <pid>_<uid>
+
+
 @pytest.fixture(scope="module")
 def intel_libs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """libiomp5.so and MKL's libraries, pip-installed (removed after the module)."""
     import shutil
 
     prefix = tmp_path_factory.mktemp("intel")
+    before = set(Path("/dev/shm").glob(KMP_FILES))
     yield install_from_index(["intel-openmp", "mkl"], prefix) / "lib"
     shutil.rmtree(prefix, ignore_errors=True)
+    # libiomp5 registers each process that starts its runtime in /dev/shm and unregisters it at
+    # exit; the forked children here end by os._exit (or are killed when they hang), so theirs
+    # stay: removed once their process is gone, as the machine is left as it was found.
+    for path in set(Path("/dev/shm").glob(KMP_FILES)) - before:
+        if not psutil.pid_exists(int(path.name.split("_")[-2])):
+            path.unlink(missing_ok=True)
 
 
 def test_intel_openmp_preloaded_under_torch_is_safe(tmp_path: Path, intel_libs: Path) -> None:

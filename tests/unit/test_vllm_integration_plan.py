@@ -123,3 +123,16 @@ def test_llm_refuses_another_executor_before_anything_starts() -> None:
 
     with pytest.raises(ValueError, match=r"distributed_executor_backend='mp'.*Fix: leave it out"):
         LLM("some-model", distributed_executor_backend="mp")
+
+
+def test_the_workers_poll_between_steps_unless_the_user_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("HWLAUNCH_RPC_SPIN", raising=False)
+    plan = resolve_for_vllm(2, backend="cpu")
+    assert plan.rpc_spin == 0.05
+    assert plan.decision("rpc_spin").source == "hwlaunch.integrations.vllm"
+    assert "poll" in plan.decision("rpc_spin").reason
+    monkeypatch.setenv("HWLAUNCH_RPC_SPIN", "0")
+    plan = resolve_for_vllm(2, backend="cpu")
+    assert plan.rpc_spin == 0.0 and plan.decision("rpc_spin").source == "env HWLAUNCH_RPC_SPIN"

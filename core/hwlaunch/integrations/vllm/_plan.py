@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import hwlaunch
 from hwlaunch import ConfigError, Decision, Plan
@@ -25,6 +26,16 @@ from hwlaunch.integrations.vllm._binding import (
 )
 
 __all__ = ["bind_cpus", "platform_backend", "resolve_for_vllm"]
+
+SOURCE = "hwlaunch.integrations.vllm"
+# vLLM's engine calls its workers at every step, a few milliseconds apart: between steps they
+# poll for the next call as vLLM's own workers do, instead of blocking and being woken.
+STEP_SPIN_S = 0.05
+STEP_SPIN_REASON = (
+    "vLLM's engine calls every worker at each step, milliseconds apart: the workers poll for "
+    "the next call (as vLLM's own workers do) rather than block and be woken; a value the "
+    "user sets wins"
+)
 
 
 def platform_backend() -> str:
@@ -58,10 +69,15 @@ def resolve_for_vllm(world_size: int, backend: str | None = None) -> Plan:
     backend = backend or platform_backend()
     try:
         plan = hwlaunch.resolve(backend=backend, world_size=world_size, max_restarts=0)
+        ours: dict[str, Any] = {}
         if plan.executor == "uni" and plan.decision("executor").source == "rule":
-            plan = hwlaunch.resolve(
-                backend=backend, world_size=world_size, max_restarts=0, executor="mp"
-            )
+            ours["executor"] = "mp"
+        if _source(plan, "rpc_spin") in ("default", None):  # None: uni, which has none
+            ours["rpc_spin"] = STEP_SPIN_S
+        if ours:
+            plan = hwlaunch.resolve(backend=backend, world_size=world_size, max_restarts=0, **ours)
+            if "rpc_spin" in ours:
+                plan = _decided_here(plan, "rpc_spin", STEP_SPIN_REASON)
     except hwlaunch.BackendUnavailableError as exc:
         raise hwlaunch.BackendUnavailableError(
             f"vLLM runs on its platform {backend!r}, and hwlaunch cannot use that backend: "
@@ -74,6 +90,25 @@ def resolve_for_vllm(world_size: int, backend: str | None = None) -> Plan:
             f"({plan.decision('nnodes').source}). Fix: set nnodes to 1"
         )
     return plan
+
+
+def _source(plan: Plan, setting: str) -> str | None:
+    """Where ``setting``'s value came from; None where the plan decides no such setting."""
+    try:
+        return plan.decision(setting).source
+    except KeyError:
+        return None
+
+
+def _decided_here(plan: Plan, setting: str, reason: str) -> Plan:
+    """The plan with ``setting``'s decision said to come from this integration, and why."""
+    decisions = tuple(
+        Decision(setting=d.setting, value=d.value, source=SOURCE, reason=reason)
+        if d.setting == setting
+        else d
+        for d in plan.decisions
+    )
+    return dataclasses.replace(plan, decisions=decisions)
 
 
 def bind_cpus(plan: Plan, environ: Mapping[str, str], allowed: list[int] | None = None) -> Plan:
