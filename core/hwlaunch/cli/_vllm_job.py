@@ -15,11 +15,10 @@ while the engine is built (the executor resolves its plan in this process).
 
 from __future__ import annotations
 
-import os
 import statistics
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 from hwlaunch.cli._job import WARM_UP_TOKENS, Generated, token_report
@@ -76,26 +75,18 @@ def run_vllm_job(
     return _report(llm.plan, model, sums, loads, _generated(prompts, outputs), reference, timings)
 
 
-@contextmanager
 def _settings_as_environment(
     flags: Mapping[str, str | None], config_file: str | None
-) -> Iterator[None]:
+) -> AbstractContextManager[None]:
     """Each flag given as its ``HWLAUNCH_*`` variable (the world size is vLLM's TP, passed
     as such), ``--config`` as ``HWLAUNCH_CONFIG``; the environment as it was afterwards."""
-    given = {s.env_var: flags[s.name] for s in SETTINGS if flags.get(s.name) is not None}
+    from hwlaunch.integrations.vllm._environ import environment
+
+    given = {s.env_var: str(flags[s.name]) for s in SETTINGS if flags.get(s.name) is not None}
     given.pop("HWLAUNCH_WORLD_SIZE", None)
     if config_file is not None:
         given[ENV_CONFIG] = config_file
-    before = {name: os.environ.get(name) for name in given}
-    os.environ.update({name: str(value) for name, value in given.items()})
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+    return environment(given)
 
 
 def _ping_median_ms(llm: Any, times: int = 5) -> float:

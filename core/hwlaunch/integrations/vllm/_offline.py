@@ -14,11 +14,9 @@ naming the caller's file:line before any process starts.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
+from hwlaunch.integrations.vllm._environ import environment
 from hwlaunch.integrations.vllm._handoff import PENDING, Handoff
 from hwlaunch.integrations.vllm._plan import resolve_for_vllm
 
@@ -58,27 +56,12 @@ def LLM(model: str, **kwargs: Any) -> Any:
 
     token = PENDING.set(handoff)
     try:
-        with _environment_while_built():
+        # VLLM_ENABLE_V1_MULTIPROCESSING=0 while vLLM builds its engine (the variable is read
+        # then); afterwards it, and the VLLM_WORKER_MULTIPROC_METHOD=spawn that vLLM's CPU
+        # platform writes for its own executor (not used here), are as the user had them.
+        with environment({ENGINE_IN_PROCESS: "0"}, restore=(WORKER_METHOD,)):
             llm = vllm.LLM(model, distributed_executor_backend=HwlaunchExecutor, **kwargs)
     finally:
         PENDING.reset(token)
     llm.plan = handoff.plan
     return llm
-
-
-@contextmanager
-def _environment_while_built() -> Iterator[None]:
-    """``VLLM_ENABLE_V1_MULTIPROCESSING=0`` while vLLM builds its engine (the variable is read
-    then); afterwards it, and the ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` that vLLM's CPU
-    platform writes for its own executor (not used here), are as the user had them."""
-    names = (ENGINE_IN_PROCESS, WORKER_METHOD)
-    before = {name: os.environ.get(name) for name in names}
-    os.environ[ENGINE_IN_PROCESS] = "0"
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
