@@ -11,6 +11,10 @@ import pytest
 
 from hwlaunch import WorkerError
 
+# The threads of non-blocking calls: the queue's (executor._background), the reply collector's
+# (executor._deferred). Both end on their own once idle.
+CALL_THREADS = ("hwlaunch-rpc", "hwlaunch-collect")
+
 
 class CallOptionsProbe:
     """Worker extension: named methods that record, per rank, which calls ran in which order."""
@@ -61,7 +65,7 @@ def check_call_options(executor: Any) -> None:
         with pytest.raises(ValueError, match=f"unique_reply_rank={bad!r}"):
             executor.collective_rpc("ping", unique_reply_rank=bad)
     wait_until(
-        lambda: not [t for t in threading.enumerate() if t.name == "hwlaunch-rpc"],
+        lambda: not [t for t in threading.enumerate() if t.name in CALL_THREADS],
         10,
-        "the background call thread to end when idle",
+        "the background call and reply collector threads to end when idle",
     )

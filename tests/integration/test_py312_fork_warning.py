@@ -37,7 +37,7 @@ PROGRAM = textwrap.dedent(
 
     def main(case):
         first = launch(start_method="fork")  # its monitor thread stays alive
-        slow = first.collective_rpc(lambda worker: time.sleep(1), non_block=True)  # and hwlaunch-rpc
+        slow = first.collective_rpc(lambda worker: time.sleep(1), non_block=True)  # and hwlaunch-collect
         stop = threading.Event()
         if case in ("program-thread", "default-plan"):
             threading.Thread(target=stop.wait, name="the-program's").start()
@@ -77,7 +77,7 @@ def run_case(tmp_path: Path, case: str) -> tuple[str, str]:
 
 def test_fork_beside_only_hwlaunch_threads_shows_no_warning(tmp_path: Path) -> None:
     threads, after = run_case(tmp_path, "own-threads")
-    assert "hwlaunch-monitor" in threads and "hwlaunch-rpc" in threads, threads
+    assert "hwlaunch-monitor" in threads and "hwlaunch-collect" in threads, threads
     assert WARNING not in after, after
 
 

@@ -152,9 +152,9 @@ def cycle(method: str, init_distributed: bool, channel: tuple[str, float | None]
 
 
 def background_calls_ended(timeout: float = 10.0) -> None:
-    """The thread of non-blocking calls ends once idle, just after its last result is set."""
+    """The threads of non-blocking calls (the queue's, the reply collector) end once idle."""
     deadline = time.monotonic() + timeout
-    while any(t.name == "hwlaunch-rpc" for t in threading.enumerate()):
+    while any(t.name in ("hwlaunch-rpc", "hwlaunch-collect") for t in threading.enumerate()):
         assert time.monotonic() < deadline, "the non-blocking call thread did not end"
         time.sleep(0.005)
 

@@ -39,6 +39,11 @@ class BackgroundCalls:
                 threading.Thread(target=self._run, name="hwlaunch-rpc", daemon=True).start()
         return future
 
+    @property
+    def idle(self) -> bool:
+        """No call queued or running here."""
+        return not self._running
+
     def wait_for_last(self) -> None:
         """A blocking call waits for the non-blocking ones made before it."""
         last = self._last

@@ -18,6 +18,7 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
+from concurrent.futures import Future
 from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
 from typing import Any, TypeVar
@@ -32,6 +33,7 @@ from hwlaunch.errors import (
 )
 from hwlaunch.executor._arguments import check_call, check_timeout
 from hwlaunch.executor._background import BackgroundCalls
+from hwlaunch.executor._deferred import Collector, DeferredCall
 from hwlaunch.executor._output import open_run_dir
 from hwlaunch.executor._picklecheck import check_picklable
 from hwlaunch.executor._runtime import (
@@ -105,6 +107,10 @@ class Executor(ABC):
         self._on_status = on_status
         self._rpc_lock = threading.Lock()  # one call at a time, as on a worker process
         self._background = BackgroundCalls()  # where non_block calls run, in call order
+        # A non_block call sent whose replies nobody read yet (executor._deferred): read, under
+        # the RPC lock, before anything else goes to the workers.
+        self._outstanding: DeferredCall | None = None
+        self._collector = Collector(self._read_deferred)
         self.state = ClosedState()  # closed, why, and the first death
         self._extension = encode_extension(worker_extension)
         if plan.start_kind is not None and plan.start_kind.pickles_arguments:
@@ -175,6 +181,17 @@ class Executor(ABC):
         Raise ``self.timed_out(label, ranks, timeout)`` when ranks do not answer in time and
         ``self.worker_died(...)`` when one ends."""
 
+    def send_request(
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
+    ) -> Callable[[], tuple[list[Any], dict[int, Failure]]] | None:
+        """Optional: ``exchange`` in two halves. Send the call to every rank now and return
+        the function that reads the replies (what ``exchange`` returns, with its errors; the
+        timeout counts from now); it is called once, from any thread, with nothing sent in
+        between. None (the default): this executor cannot split an exchange, and its
+        non-blocking calls run whole on a background thread."""
+        del request, label, timeout, reply_rank
+        return None
+
     @abstractmethod
     def stop_ranks(self, polite: bool = True) -> None:
         """Stop every worker; never hangs; safe to call more than once and from any thread."""
@@ -238,11 +255,86 @@ class Executor(ABC):
             self._check_reply_rank(unique_reply_rank)
 
         if non_block:
+            deferred = self._send_deferred(request, label, timeout, unique_reply_rank)
+            if deferred is not None:
+                return deferred
             return self._background.submit(
                 functools.partial(self._run_call, request, label, timeout, unique_reply_rank)
             )
         self._background.wait_for_last()
         return self._run_call(request, label, timeout, unique_reply_rank)
+
+    def _send_deferred(
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
+    ) -> Future[Any] | None:
+        """A non-blocking call sent now, from this thread (``executor._deferred``), where the
+        workers are idle and this executor can split an exchange; else None: the call waits
+        its turn on the background thread, which keeps the order of calls."""
+        if not self._background.idle or not self._rpc_lock.acquire(blocking=False):
+            return None
+        try:
+            if self._outstanding is not None:
+                return None
+            try:
+                self.raise_if_closed()
+            except Exception as exc:
+                return _failed(exc)
+            watchdog = self._begin_watch(label)
+            try:
+                collect = self.send_request(request, label, timeout, reply_rank)
+            except BaseException as exc:
+                if watchdog is not None:
+                    watchdog.end()
+                if not isinstance(exc, Exception):
+                    self._interrupted(label, exc)
+                    raise
+                return _failed(exc)
+            if collect is None:
+                if watchdog is not None:
+                    watchdog.end()
+                return None
+
+            def replies() -> Any:
+                try:
+                    results, failures = collect()
+                finally:
+                    if watchdog is not None:
+                        watchdog.end()
+                if failures:
+                    raise_first_failure(failures, label)
+                return results if reply_rank is None else self._reply_of(results, reply_rank)
+
+            call = DeferredCall(label, replies, self._read_deferred, self._collector.hurry)
+            self._outstanding = call
+            self._collector.watch(call)
+            return call
+        finally:
+            self._rpc_lock.release()
+
+    def _read_deferred(self, call: DeferredCall) -> None:
+        """Read ``call``'s replies, unless someone did (``DeferredCall``'s reader)."""
+        with self._rpc_lock:
+            if self._outstanding is not call:
+                return
+            finish = self._read_outstanding()
+        finish()  # outside the lock: a done callback may call this executor
+
+    def _read_outstanding(self) -> Callable[[], None]:
+        """Under the RPC lock: read the outstanding call's replies; returns what completes its
+        Future (to be called once the lock is released)."""
+        call, self._outstanding = self._outstanding, None
+        if call is None:
+            return _nothing
+        try:
+            value = call.collect()
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._interrupted(call.label, exc)
+                error: BaseException = self.closed_during(call.label)
+                call.set_exception(error)
+                raise
+            return functools.partial(call.set_exception, exc)
+        return functools.partial(call.set_result, value)
 
     def _run_call(
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
@@ -267,34 +359,51 @@ class Executor(ABC):
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> list[Any]:
         """One collective call under the RPC lock, its failures in the error vocabulary."""
-        with self._rpc_lock:
-            self.raise_if_closed()
-            watchdog = self._watchdog
-            if watchdog is None and self.plan.rpc_warn_after > 0:
-                source = _decision_source(self.plan, "rpc_warn_after")
-                watchdog = self._watchdog = Watchdog(
-                    self.plan.rpc_warn_after, self._silent_ranks, self.rank_stacks, source
-                )
-            self.waiting_on = None
-            if watchdog is not None:
-                watchdog.begin(label)
-            try:
-                results, failures = self.exchange(request, label, timeout, reply_rank)
-            except BaseException as exc:
-                if not isinstance(exc, Exception):
-                    # KeyboardInterrupt (or SystemExit) mid-exchange: replies are half read, so
-                    # the channels are out of step; the workers cannot be reused.
-                    self.state.close(
-                        f"collective_rpc {label!r} was interrupted by {type(exc).__name__}"
-                    )
-                    self.stop_ranks(polite=False)
-                raise
-            finally:
-                if watchdog is not None:
-                    watchdog.end()
+        while True:
+            with self._rpc_lock:
+                if self._outstanding is None:
+                    results, failures = self._exchange_now(request, label, timeout, reply_rank)
+                    break
+                finish = self._read_outstanding()  # a non-blocking call's replies come first
+            finish()
         if failures:
             raise_first_failure(failures, label)
         return results
+
+    def _exchange_now(
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        """Under the RPC lock, nothing outstanding: one exchange, watched."""
+        self.raise_if_closed()
+        watchdog = self._begin_watch(label)
+        try:
+            return self.exchange(request, label, timeout, reply_rank)
+        except BaseException as exc:
+            if not isinstance(exc, Exception):
+                self._interrupted(label, exc)
+            raise
+        finally:
+            if watchdog is not None:
+                watchdog.end()
+
+    def _begin_watch(self, label: str) -> Watchdog | None:
+        """Under the RPC lock: the stall watchdog (started by the first call) watches ``label``."""
+        watchdog = self._watchdog
+        if watchdog is None and self.plan.rpc_warn_after > 0:
+            source = _decision_source(self.plan, "rpc_warn_after")
+            watchdog = self._watchdog = Watchdog(
+                self.plan.rpc_warn_after, self._silent_ranks, self.rank_stacks, source
+            )
+        self.waiting_on = None
+        if watchdog is not None:
+            watchdog.begin(label)
+        return watchdog
+
+    def _interrupted(self, label: str, exc: BaseException) -> None:
+        """KeyboardInterrupt (or SystemExit) mid-exchange: replies are half read, so the
+        channels are out of step; the workers cannot be reused."""
+        self.state.close(f"collective_rpc {label!r} was interrupted by {type(exc).__name__}")
+        self.stop_ranks(polite=False)
 
     def check_health(self) -> None:
         """Raise WorkerDiedError (or RpcTimeoutError) unless every worker answers."""
@@ -309,6 +418,8 @@ class Executor(ABC):
         if self._forwarding is not None:
             self._forwarding.restore()
         self.stop_ranks()
+        if self._outstanding is not None:
+            self._collector.hurry()  # its Future gets the error of a call the shutdown ended
         if self._stopper is not None and self._stopper is not threading.current_thread():
             self._stopper.join()  # a stop after a timeout that outlasted its error
 
@@ -426,6 +537,17 @@ def _decision_source(plan: Plan, setting: str) -> str:
         if decision.setting == setting:
             return decision.source
     return "default"
+
+
+def _nothing() -> None:
+    return None
+
+
+def _failed(exc: Exception) -> Future[Any]:
+    """The Future of a non-blocking call that failed before it was sent."""
+    failed: Future[Any] = Future()
+    failed.set_exception(exc)
+    return failed
 
 
 def gather(

@@ -44,6 +44,7 @@ OWN_THREADS = frozenset(
     (
         "hwlaunch-monitor",
         "hwlaunch-rpc",
+        "hwlaunch-collect",  # executor._deferred: reads a non-blocking call's unread replies
         "hwlaunch-restart",
         "hwlaunch-ray-monitor",
         "hwlaunch-watchdog",  # executor._watchdog: sleeps on an Event between calls

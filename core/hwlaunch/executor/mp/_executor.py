@@ -44,10 +44,10 @@ from hwlaunch.executor.mp._child import worker_main
 from hwlaunch.executor.mp._forkserver import ServerProcess, server_for, start_through
 from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
 from hwlaunch.executor.mp._output_pipes import OutputPipes
-from hwlaunch.executor.mp._pipe_channel import open_channel
+from hwlaunch.executor.mp._pipe_channel import Channel, open_channel
 from hwlaunch.executor.mp._quiet_fork import quiet_safe_fork
 from hwlaunch.executor.mp._room import out_of_room, room_note
-from hwlaunch.executor.mp._shm_channel import ChannelLost, Message, ShmChannel
+from hwlaunch.executor.mp._shm_channel import ChannelLost, ShmChannel
 from hwlaunch.executor.mp._stack_requests import request_stacks
 from hwlaunch.executor.transport._messages import CALL, request_head
 from hwlaunch.executor.transport.codec import FRAMES
@@ -296,50 +296,88 @@ class MultiprocExecutor(Executor):
     def exchange(
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None
     ) -> tuple[list[Any], dict[int, Failure]]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        channel = self._enter_rpc(label)
+        try:
+            rpc_id = self._send(channel, request, label, timeout, deadline, reply_rank)
+            return self._collect(channel, rpc_id, label, timeout, deadline)
+        finally:
+            self._group.leave_rpc()
+
+    def send_request(
+        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
+    ) -> Callable[[], tuple[list[Any], dict[int, Failure]]]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        channel = self._enter_rpc(label)
+        try:
+            rpc_id = self._send(channel, request, label, timeout, deadline, reply_rank)
+        finally:
+            self._group.leave_rpc()
+
+        def collect() -> tuple[list[Any], dict[int, Failure]]:
+            channel = self._enter_rpc(label)  # the group may have closed since the send
+            try:
+                return self._collect(channel, rpc_id, label, timeout, deadline)
+            finally:
+                self._group.leave_rpc()
+
+        return collect
+
+    def _send(
+        self,
+        channel: Channel,
+        request: Request,
+        label: str,
+        timeout: float | None,
+        deadline: float | None,
+        reply_rank: int | None,
+    ) -> int:
+        """Send the call to every rank; returns its id, which its replies carry."""
         group = self._group
         method = request[0]
         # A cached callable travels apart, in the header (by digest once the workers hold it).
         cached = type(method) is CachedPickle
         payload = FRAMES.encode_request((None, *request[1:]) if cached else request)
-        if group.state.closed:
-            group.await_cleanup()
-        with group.lock:
-            if group.state.closed:
-                raise group.state.died or self.closed_during(label)
-            group.rpc_thread = threading.get_ident()
-        try:
-            self._rpc_id = rpc_id = self._rpc_id + 1
-            assert group.channel is not None
-            if cached:  # its digest (and its form, the first time); by name: nothing to look up
-                head = request_head(
-                    CALL, rpc_id, reply_rank, *group.channel.callables.reference(method)
-                )
-            else:
-                head = request_head(CALL, rpc_id, reply_rank)
-            replies = self._send_and_collect(rpc_id, head, payload, label, timeout)
-            # what the call printed, before the caller's next line
-            self._output.sync(group.channel.output_drained())
-            return replies
-        finally:
-            group.leave_rpc()
-
-    def _send_and_collect(
-        self, rpc_id: int, head: bytes, payload: Message, label: str, timeout: float | None
-    ) -> tuple[list[Any], dict[int, Failure]]:
-        """Send the request to every rank and take their replies, in whatever order they come.
-
-        The hot path of every call: no helper objects per call, one channel receive when every
-        rank answers within the channel's polling window.
-        """
-        group, channel, sentinels = self._group, self._group.channel, self._sentinels
-        assert channel is not None
-        deadline = None if timeout is None else time.monotonic() + timeout
+        self._rpc_id = rpc_id = self._rpc_id + 1
+        if cached:  # its digest (and its form, the first time); by name: nothing to look up
+            head = request_head(CALL, rpc_id, reply_rank, *channel.callables.reference(method))
+        else:
+            head = request_head(CALL, rpc_id, reply_rank)
         try:
             channel.send(payload, group.check_alive, deadline, head=head)
         except ChannelLost as lost:
             raise self._lost(lost.rank, label) from None
         except TimeoutError:
             raise self.timed_out(label, list(range(group.world_size)), timeout) from None
+        return rpc_id
+
+    def _enter_rpc(self, label: str) -> Channel:
+        """This thread uses the channel now (a shutdown elsewhere leaves closing it to us);
+        returns the channel. Raises the first death, or the shutdown, that closed the group."""
+        group = self._group
+        if group.state.closed:
+            group.await_cleanup()
+        with group.lock:
+            if group.state.closed:
+                raise group.state.died or self.closed_during(label)
+            group.rpc_thread = threading.get_ident()
+        assert group.channel is not None
+        return group.channel
+
+    def _collect(
+        self,
+        channel: Channel,
+        rpc_id: int,
+        label: str,
+        timeout: float | None,
+        deadline: float | None,
+    ) -> tuple[list[Any], dict[int, Failure]]:
+        """Take call ``rpc_id``'s replies, in whatever order they come, then what it printed.
+
+        The hot path of every call: no helper objects per call, one channel receive when every
+        rank answers within the channel's polling window.
+        """
+        group, sentinels = self._group, self._sentinels
         results: list[Any] = [None] * group.world_size
         failures: dict[int, Failure] = {}
         pending = list(range(group.world_size))
@@ -361,6 +399,7 @@ class MultiprocExecutor(Executor):
                     failures[rank] = value
             if ended:
                 raise self._lost(min(sentinels.index(s) for s in ended), label)
+        self._output.sync(channel.output_drained())  # what it printed, before the next line
         return results, failures
 
     def _lost(self, rank: int, label: str) -> Exception:

@@ -136,11 +136,7 @@ class HwlaunchExecutor(Executor):
         outputs = self._call(method, (arg,), timeout, non_block, None)
         if not non_block:
             return aggregator.aggregate(outputs, output_rank=self.output_rank)
-        merged: Future[Any] = Future()
-        outputs.add_done_callback(
-            lambda done: _aggregate_into(merged, done, aggregator, self.output_rank)
-        )
-        return merged
+        return _Aggregated(outputs, aggregator, self.output_rank)
 
     def check_health(self) -> None:
         """Raises hwlaunch's WorkerDiedError (naming the rank) or RpcTimeoutError unless
@@ -203,8 +199,26 @@ def _init_method() -> str:
     return str(get_file_store_init_method())
 
 
-def _aggregate_into(merged: Future[Any], done: Future[Any], aggregator: Any, rank: int) -> None:
-    try:
-        merged.set_result(aggregator.aggregate(done.result(), output_rank=rank))
-    except BaseException as exc:
-        merged.set_exception(exc)
+class _Aggregated(Future[Any]):
+    """Every rank's outputs, merged by vLLM's KV output aggregator once they are in. Asking it
+    asks the call it merges (hwlaunch reads a non-blocking call's replies in the thread that
+    asks for them)."""
+
+    def __init__(self, outputs: Future[Any], aggregator: Any, rank: int) -> None:
+        super().__init__()
+        self._outputs = outputs
+        outputs.add_done_callback(lambda done: self._merge(done, aggregator, rank))
+
+    def _merge(self, done: Future[Any], aggregator: Any, rank: int) -> None:
+        try:
+            self.set_result(aggregator.aggregate(done.result(), output_rank=rank))
+        except BaseException as exc:
+            self.set_exception(exc)
+
+    def result(self, timeout: float | None = None) -> Any:
+        self._outputs.exception(timeout)
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._outputs.exception(timeout)
+        return super().exception(timeout)
