@@ -11,7 +11,45 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["check_call", "check_timeout"]
+from hwlaunch.executor._runtime import Request, encode_method, method_label
+
+__all__ = ["check_call", "check_reply_rank", "check_timeout", "request_of"]
+
+
+def request_of(
+    method: str | Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    timeout: float | None,
+    reply_rank: int | None,
+    world_size: int,
+) -> tuple[Request, str, float | None]:
+    """``collective_rpc``'s arguments, checked: the request to send, its label (what warnings
+    and errors call it) and the timeout in seconds (None: no limit)."""
+    request: Request
+    if (
+        type(method) is str
+        and method
+        and type(args) is tuple
+        and (kwargs is None or (type(kwargs) is dict and not kwargs))
+    ):
+        request, label = (method, args, {}), method  # the usual call by name: nothing to encode
+    else:
+        method, args, keywords = check_call(method, args, kwargs)
+        request, label = (encode_method(method), args, keywords), method_label(method)
+    if timeout is not None:
+        timeout = check_timeout(timeout)
+    if reply_rank is not None:
+        check_reply_rank(reply_rank, world_size)
+    return request, label, timeout
+
+
+def check_reply_rank(rank: object, world_size: int) -> None:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise ValueError(
+            f"unique_reply_rank={rank!r} is not a rank of this executor "
+            f"(ranks 0 to {world_size - 1}), or None for every rank's result"
+        )
 
 
 def _shown(value: object) -> str:

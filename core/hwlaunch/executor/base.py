@@ -11,40 +11,34 @@ with every rank) and ``stop_ranks``; it reports through ``report_status``, ``tim
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
-from concurrent.futures import Future
 from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
 from typing import Any, TypeVar
 
 from hwlaunch.errors import (
     ExecutorClosedError,
-    ReplyDecodeError,
     RpcTimeoutError,
     WorkerDiedError,
-    WorkerError,
     WorkerStartupError,
 )
-from hwlaunch.executor._arguments import check_call, check_timeout
-from hwlaunch.executor._background import BackgroundCalls
-from hwlaunch.executor._deferred import Collector, DeferredCall
+from hwlaunch.executor._arguments import request_of
+from hwlaunch.executor._calls import Calls, decision_source
+from hwlaunch.executor._failures import raise_first_failure, startup_failure
 from hwlaunch.executor._output import open_run_dir
 from hwlaunch.executor._picklecheck import check_picklable
 from hwlaunch.executor._runtime import (
     Failure,
     Request,
     encode_extension,
-    encode_method,
-    method_label,
 )
 from hwlaunch.executor._signals import SignalForwarding
-from hwlaunch.executor._watchdog import FAULT_STACKS, Watchdog
+from hwlaunch.executor._watchdog import FAULT_STACKS
 from hwlaunch.executor.state import ClosedState
 from hwlaunch.plan import Plan
 from hwlaunch.spec import select_env
@@ -105,12 +99,7 @@ class Executor(ABC):
             plan.startup_timeout if startup_timeout is None else startup_timeout
         )
         self._on_status = on_status
-        self._rpc_lock = threading.Lock()  # one call at a time, as on a worker process
-        self._background = BackgroundCalls()  # where non_block calls run, in call order
-        # A non_block call sent whose replies nobody read yet (executor._deferred): read, under
-        # the RPC lock, before anything else goes to the workers.
-        self._outstanding: DeferredCall | None = None
-        self._collector = Collector(self._read_deferred)
+        self._calls = Calls(self)  # the RPC lock, the order of calls, the stall watchdog
         self.state = ClosedState()  # closed, why, and the first death
         self._extension = encode_extension(worker_extension)
         if plan.start_kind is not None and plan.start_kind.pickles_arguments:
@@ -118,7 +107,6 @@ class Executor(ABC):
             check_picklable(plan, "plan", ForkingPickler.dumps, why, _PLAN_FIX)
         self._init_distributed = init_distributed
         self._start_called = False
-        self._watchdog: Watchdog | None = None  # started by the first call (rpc_warn_after)
         # The ranks the call in progress still waits for, kept current by an exchange that
         # can tell (the watchdog names them); None: every rank.
         self.waiting_on: Collection[int] | None = None
@@ -236,174 +224,16 @@ class Executor(ABC):
         other calls. Without restarts it changes nothing.
         """
         del setup  # recorded by the restart controller (executor.restart), which wraps this one
-        request: Request
-        if (
-            type(method) is str
-            and method
-            and type(args) is tuple
-            and (kwargs is None or (type(kwargs) is dict and not kwargs))
-        ):
-            request = (method, args, {})  # the usual call by name: nothing to check or encode
-            label = method
-        else:
-            method, args, keywords = check_call(method, args, kwargs)
-            request = (encode_method(method), args, keywords)
-            label = method_label(method)
-        if timeout is not None:
-            timeout = check_timeout(timeout)
-        if unique_reply_rank is not None:
-            self._check_reply_rank(unique_reply_rank)
-
+        request, label, timeout = request_of(
+            method, args, kwargs, timeout, unique_reply_rank, self.world_size
+        )
         if non_block:
-            deferred = self._send_deferred(request, label, timeout, unique_reply_rank)
-            if deferred is not None:
-                return deferred
-            return self._background.submit(
-                functools.partial(self._run_call, request, label, timeout, unique_reply_rank)
-            )
-        self._background.wait_for_last()
-        return self._run_call(request, label, timeout, unique_reply_rank)
-
-    def _send_deferred(
-        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
-    ) -> Future[Any] | None:
-        """A non-blocking call sent now, from this thread (``executor._deferred``), where the
-        workers are idle and this executor can split an exchange; else None: the call waits
-        its turn on the background thread, which keeps the order of calls."""
-        if not self._background.idle or not self._rpc_lock.acquire(blocking=False):
-            return None
-        try:
-            if self._outstanding is not None:
-                return None
-            try:
-                self.raise_if_closed()
-            except Exception as exc:
-                return _failed(exc)
-            watchdog = self._begin_watch(label)
-            try:
-                collect = self.send_request(request, label, timeout, reply_rank)
-            except BaseException as exc:
-                if watchdog is not None:
-                    watchdog.end()
-                if not isinstance(exc, Exception):
-                    self._interrupted(label, exc)
-                    raise
-                return _failed(exc)
-            if collect is None:
-                if watchdog is not None:
-                    watchdog.end()
-                return None
-
-            def replies() -> Any:
-                try:
-                    results, failures = collect()
-                finally:
-                    if watchdog is not None:
-                        watchdog.end()
-                if failures:
-                    raise_first_failure(failures, label)
-                return results if reply_rank is None else self._reply_of(results, reply_rank)
-
-            call = DeferredCall(label, replies, self._read_deferred, self._collector.hurry)
-            self._outstanding = call
-            self._collector.watch(call)
-            return call
-        finally:
-            self._rpc_lock.release()
-
-    def _read_deferred(self, call: DeferredCall) -> None:
-        """Read ``call``'s replies, unless someone did (``DeferredCall``'s reader)."""
-        with self._rpc_lock:
-            if self._outstanding is not call:
-                return
-            finish = self._read_outstanding()
-        finish()  # outside the lock: a done callback may call this executor
-
-    def _read_outstanding(self) -> Callable[[], None]:
-        """Under the RPC lock: read the outstanding call's replies; returns what completes its
-        Future (to be called once the lock is released)."""
-        call, self._outstanding = self._outstanding, None
-        if call is None:
-            return _nothing
-        try:
-            value = call.collect()
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                self._interrupted(call.label, exc)
-                error: BaseException = self.closed_during(call.label)
-                call.set_exception(error)
-                raise
-            return functools.partial(call.set_exception, exc)
-        return functools.partial(call.set_result, value)
-
-    def _run_call(
-        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
-    ) -> Any:
-        results = self._call(request, label, timeout, reply_rank)
-        return results if reply_rank is None else self._reply_of(results, reply_rank)
+            return self._calls.submit(request, label, timeout, unique_reply_rank)
+        return self._calls.run(request, label, timeout, unique_reply_rank)
 
     def _reply_of(self, results: list[Any], rank: int) -> Any:
         """Rank ``rank``'s result among ``results`` (every rank's, in rank order)."""
         return results[rank]
-
-    def _check_reply_rank(self, rank: int | None) -> None:
-        if rank is not None and (
-            isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < self.world_size
-        ):
-            raise ValueError(
-                f"unique_reply_rank={rank!r} is not a rank of this executor "
-                f"(ranks 0 to {self.world_size - 1}), or None for every rank's result"
-            )
-
-    def _call(
-        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
-    ) -> list[Any]:
-        """One collective call under the RPC lock, its failures in the error vocabulary."""
-        while True:
-            with self._rpc_lock:
-                if self._outstanding is None:
-                    results, failures = self._exchange_now(request, label, timeout, reply_rank)
-                    break
-                finish = self._read_outstanding()  # a non-blocking call's replies come first
-            finish()
-        if failures:
-            raise_first_failure(failures, label)
-        return results
-
-    def _exchange_now(
-        self, request: Request, label: str, timeout: float | None, reply_rank: int | None
-    ) -> tuple[list[Any], dict[int, Failure]]:
-        """Under the RPC lock, nothing outstanding: one exchange, watched."""
-        self.raise_if_closed()
-        watchdog = self._begin_watch(label)
-        try:
-            return self.exchange(request, label, timeout, reply_rank)
-        except BaseException as exc:
-            if not isinstance(exc, Exception):
-                self._interrupted(label, exc)
-            raise
-        finally:
-            if watchdog is not None:
-                watchdog.end()
-
-    def _begin_watch(self, label: str) -> Watchdog | None:
-        """Under the RPC lock: the stall watchdog (started by the first call) watches ``label``."""
-        watchdog = self._watchdog
-        if watchdog is None and self.plan.rpc_warn_after > 0:
-            source = _decision_source(self.plan, "rpc_warn_after")
-            watchdog = self._watchdog = Watchdog(
-                self.plan.rpc_warn_after, self._silent_ranks, self.rank_stacks, source
-            )
-        self.waiting_on = None
-        if watchdog is not None:
-            watchdog.begin(label)
-        return watchdog
-
-    def _interrupted(self, label: str, exc: BaseException) -> None:
-        """KeyboardInterrupt (or SystemExit) mid-exchange: replies are half read, so the
-        channels are out of step; the workers cannot be reused."""
-        self.state.close(f"collective_rpc {label!r} was interrupted by {type(exc).__name__}")
-        self.stop_ranks(polite=False)
 
     def check_health(self) -> None:
         """Raise WorkerDiedError (or RpcTimeoutError) unless every worker answers."""
@@ -413,13 +243,10 @@ class Executor(ABC):
     def shutdown(self) -> None:
         """Stop every worker; never hangs; safe to call more than once."""
         self.state.close("shutdown() was called")
-        if self._watchdog is not None:
-            self._watchdog.stop()
+        self._calls.stop()
         if self._forwarding is not None:
             self._forwarding.restore()
         self.stop_ranks()
-        if self._outstanding is not None:
-            self._collector.hurry()  # its Future gets the error of a call the shutdown ended
         if self._stopper is not None and self._stopper is not threading.current_thread():
             self._stopper.join()  # a stop after a timeout that outlasted its error
 
@@ -520,7 +347,7 @@ class Executor(ABC):
 
     def startup_timed_out(self, ranks: Iterable[int]) -> WorkerStartupError:
         pending = sorted(ranks)
-        source = _decision_source(self.plan, "startup_timeout")
+        source = decision_source(self.plan, "startup_timeout")
         return WorkerStartupError(
             pending[0],
             f"not ready within {self.startup_timeout:g}s (startup_timeout from {source}); "
@@ -530,24 +357,6 @@ class Executor(ABC):
     def report_status(self, rank: int, text: str) -> None:
         if self._on_status is not None:
             self._on_status(rank, text)
-
-
-def _decision_source(plan: Plan, setting: str) -> str:
-    for decision in plan.decisions:
-        if decision.setting == setting:
-            return decision.source
-    return "default"
-
-
-def _nothing() -> None:
-    return None
-
-
-def _failed(exc: Exception) -> Future[Any]:
-    """The Future of a non-blocking call that failed before it was sent."""
-    failed: Future[Any] = Future()
-    failed.set_exception(exc)
-    return failed
 
 
 def gather(
@@ -584,40 +393,6 @@ def silent_ranks(waiting: Collection[int] | None, world_size: int) -> list[int]:
         except RuntimeError:  # changed while read (a reply came): every rank, this once
             pass
     return list(range(world_size))
-
-
-def startup_failure(rank: int, failure: Failure, note: str = "") -> WorkerStartupError:
-    """A worker's own start-up exception, with its traceback (and ``note``: what the driver
-    knows of why, such as a machine out of room for more processes)."""
-    return WorkerStartupError(
-        rank, f"{failure.exc_type}: {failure.message}{note}", failure.traceback
-    )
-
-
-def raise_first_failure(failures: Mapping[int, Failure], label: str = "") -> None:
-    """Raise the lowest failing rank's exception as WorkerError, naming the other ranks; a
-    reply the driver could not decode (``Failure.undecodable``) as ReplyDecodeError, which
-    names the driver, not the worker, and the call ``label``."""
-    if not failures:
-        return
-    rank = min(failures)
-    failure = failures[rank]
-    others = sorted(set(failures) - {rank})
-    if failure.undecodable:
-        alike = [r for r in others if failures[r].undecodable]
-        rest = [r for r in others if not failures[r].undecodable]
-        note = (
-            f"; rank {alike[0]}'s reply could not be decoded either"
-            if len(alike) == 1
-            else f"; ranks {alike}' replies could not be decoded either"
-            if alike
-            else ""
-        ) + (f" (ranks {rest} failed too)" if rest else "")
-        raise ReplyDecodeError(
-            rank, failure.exc_type, failure.message, failure.traceback, label, note
-        )
-    message = failure.message + (f" (ranks {others} failed too)" if others else "")
-    raise WorkerError(rank, failure.exc_type, message, failure.traceback)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

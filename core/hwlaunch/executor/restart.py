@@ -290,7 +290,7 @@ class RestartingExecutor(Executor):
 
     def check_health(self) -> None:
         """A dead or silent worker restarts the group; the check then raises what it found."""
-        with self._rpc_lock:
+        with self._calls.lock:
             self.raise_if_closed()
             inner, generation = self._current()
             try:

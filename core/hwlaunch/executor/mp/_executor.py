@@ -13,42 +13,26 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import pickle
-import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from multiprocessing import connection
-from multiprocessing.connection import Connection
-from multiprocessing.context import BaseContext
-from multiprocessing.forkserver import ForkServer
+from collections.abc import Callable
 from multiprocessing.util import Finalize
 from typing import Any
 
-from hwlaunch.errors import WorkerDiedError, WorkerStartupError, describe_exitcode
+from hwlaunch.errors import WorkerDiedError
 from hwlaunch.executor._callable_cache import CachedPickle
-from hwlaunch.executor._mainprep import main_entry, withholding_main
-from hwlaunch.executor._output import is_terminal
 from hwlaunch.executor._runtime import Failure, Request
 from hwlaunch.executor.base import (
     Executor,
     StatusCallback,
-    free_port,
-    gather,
-    propagated_environment,
-    startup_failure,
-    worker_environment,
 )
-from hwlaunch.executor.mp import _process_tree as process_tree
-from hwlaunch.executor.mp._child import worker_main
-from hwlaunch.executor.mp._forkserver import ServerProcess, server_for, start_through
-from hwlaunch.executor.mp._group import EXIT_CODE_WAIT, WorkerGroup
+from hwlaunch.executor.mp._group import WorkerGroup
 from hwlaunch.executor.mp._output_pipes import OutputPipes
-from hwlaunch.executor.mp._pipe_channel import Channel, open_channel
-from hwlaunch.executor.mp._quiet_fork import quiet_safe_fork
-from hwlaunch.executor.mp._room import out_of_room, room_note
+from hwlaunch.executor.mp._pipe_channel import Channel
+from hwlaunch.executor.mp._room import out_of_room
 from hwlaunch.executor.mp._shm_channel import ChannelLost, ShmChannel
 from hwlaunch.executor.mp._stack_requests import request_stacks
+from hwlaunch.executor.mp._start import GroupStart
 from hwlaunch.executor.transport._messages import CALL, request_head
 from hwlaunch.executor.transport.codec import FRAMES
 from hwlaunch.plan import Plan
@@ -56,24 +40,6 @@ from hwlaunch.plan import Plan
 __all__ = ["MultiprocExecutor"]
 
 _decode_reply = FRAMES.decode_reply  # bound once: the hot path passes it on every call
-
-
-@contextlib.contextmanager
-def _global_start_method_kept() -> Iterator[None]:
-    """Leave multiprocessing's global start method unset if it was.
-
-    Starting a spawn or forkserver child asks ``multiprocessing.get_start_method()`` (CPython's
-    ``spawn.get_preparation_data``), which fixes the global default as a side effect; a later
-    ``multiprocessing.set_start_method()`` in the user's program would then fail with "context
-    has already been set".
-    """
-    default: Any = multiprocessing.context._default_context  # private: no public way to unset
-    was_unset = default._actual_context is None
-    try:
-        yield
-    finally:
-        if was_unset:
-            default._actual_context = None
 
 
 class MultiprocExecutor(Executor):
@@ -100,7 +66,6 @@ class MultiprocExecutor(Executor):
         self._rpc_id = 0
         self._sentinels: list[int] = []  # the workers' process sentinels, in rank order
         self._group = WorkerGroup(plan.world_size, plan.shutdown_timeout)
-        self._server: ForkServer | None = None  # the fork server of a forkserver plan
         # exitpriority >= 0: runs in multiprocessing's atexit hook *before* it joins every
         # non-daemonic child, so that join finds the workers already gone instead of hanging.
         self._finalizer = Finalize(self, self._group.shutdown, exitpriority=50)
@@ -124,38 +89,17 @@ class MultiprocExecutor(Executor):
         """Start every worker, then the output and monitor threads. A process, pipe or thread
         that cannot be made for lack of room is the WorkerStartupError of the rank being
         started, naming the limit (``_room``)."""
-        self._starting = 0
+        start = GroupStart(self.plan, self._group, self._output, self.report_status)
         try:
-            self._start_processes(extension, init_distributed)
+            start.processes(extension, init_distributed)
             self._output.start()
-            self._await_ready()
+            start.await_ready(self.startup_timeout, self.startup_timed_out)
             self._start_monitor()
         except (OSError, RuntimeError, EOFError) as exc:
-            room = out_of_room(self._starting, exc)
+            room = out_of_room(start.starting, exc)
             if room is None:
                 raise
             raise room from exc
-
-    def _start_processes(self, extension: bytes | str | None, init_distributed: bool) -> None:
-        """Start each rank's process (``_starting``: the rank being started)."""
-        plan, group = self.plan, self._group
-        kind = plan.start_kind
-        assert kind is not None
-        ctx = kind.context()
-        if kind.fork_server:
-            # The server's environment holds what every worker gets before it preloads torch.
-            env = {**propagated_environment(plan), **plan.env}
-            self._server = server_for(env, plan.preload)
-        master_port = free_port()
-        death_r, death_w = ctx.Pipe(duplex=False)
-        group.death_w = death_w
-        group.channel = open_channel(plan.rpc_channel, plan.world_size, plan.rpc_spin)
-        with quiet_safe_fork(kind):  # the threads are looked at once per launch
-            for rank in range(plan.world_size):
-                self._starting = rank
-                options = self._child_options(rank, extension, init_distributed, master_port)
-                self._spawn(ctx, rank, options, death_r, death_w)
-        death_r.close()
 
     def _start_monitor(self) -> None:
         group = self._group
@@ -164,133 +108,6 @@ class MultiprocExecutor(Executor):
         monitor = threading.Thread(target=group.watch, name="hwlaunch-monitor", daemon=True)
         monitor.start()
         group.monitor = monitor
-
-    def _child_options(
-        self, rank: int, extension: bytes | str | None, init_distributed: bool, master_port: int
-    ) -> dict[str, Any]:
-        """The keywords of ``worker_main`` for one rank (without its pipes)."""
-        plan, master_addr = self.plan, "127.0.0.1"
-        # fork and spawn children start from this process's environment as it is now; the fork
-        # server's children from the server's, as it was when the server started. Sending ours
-        # makes every start method see the same variables.
-        forkserver = plan.start_kind is not None and plan.start_kind.fork_server
-        environ = dict(os.environ) if forkserver else {}
-        # One node: gloo's sockets stay on loopback (by default they bind the address the host
-        # name resolves to, often an external one). The user's own setting wins.
-        if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
-            environ["GLOO_SOCKET_IFNAME"] = "lo"
-        return dict(
-            rank=rank,
-            local_rank=rank,
-            plan=plan,
-            extension=extension,
-            master_addr=master_addr,
-            master_port=master_port,
-            init_distributed=init_distributed,
-            env=environ | worker_environment(plan, rank, rank, master_addr, master_port),
-            replace_environ=forkserver,
-            # The kernel sends PR_SET_PDEATHSIG when the *thread* that forked the child ends:
-            # only safe from the main thread, or from the fork server's.
-            pdeathsig=threading.current_thread() is threading.main_thread() or forkserver,
-            parent_pid=None if forkserver else os.getpid(),
-            driver_pid=os.getpid(),  # its py-spy reads the worker's stacks (_stacks)
-            line_buffered=is_terminal(sys.stdout),
-        )
-
-    def _spawn(
-        self,
-        ctx: BaseContext,
-        rank: int,
-        options: dict[str, Any],
-        death_r: Connection,
-        death_w: Connection,
-    ) -> None:
-        group, channel = self._group, self._group.channel
-        assert channel is not None
-        parent_conn, child_conn = ctx.Pipe()
-        group.conns.append(parent_conn)
-        channel.conns.append(parent_conn)
-        stacks_conn, child_stacks = ctx.Pipe()
-        group.stack_conns.append(stacks_conn)
-        output = self._output.open(rank)
-        kind = self.plan.start_kind
-        assert kind is not None
-        inherited: tuple[int, ...] = ()
-        if kind.copies_parent:
-            inherited = (death_w.fileno(), *(c.fileno() for c in group.conns))
-            inherited += (*(c.fileno() for c in group.stack_conns), *channel.child_fds(rank))
-            inherited += self._output.parent_fds()
-        options = dict(
-            options,
-            conn=child_conn,
-            channel=channel.endpoint(rank, child_conn),
-            stacks=child_stacks,
-            output=output,
-        )
-        name = f"hwlaunch-{self.plan.backend}-rank{rank}"
-        with _global_start_method_kept():
-            entry = main_entry(name) if kind.reimports_main else None
-        # The worker re-imports __main__ itself (a failure there comes back with its traceback).
-        with withholding_main(name, entry) as withheld, _global_start_method_kept():
-            make = ServerProcess if kind.fork_server else ctx.Process  # type: ignore[attr-defined]
-            process = make(
-                target=worker_main,
-                name=name,
-                kwargs=dict(
-                    options,
-                    death_r=death_r,
-                    inherited_fds=inherited,
-                    main=entry if withheld else None,
-                ),
-                daemon=False,
-            )
-            if self._server is not None:
-                start_through(self._server, process)
-            else:
-                process.start()
-        group.processes.append(process)
-        group.pids.append(process.pid)
-        group.identities.append(process_tree.identify(process.pid))
-        child_conn.close()
-        child_stacks.close()
-        self._output.started(rank, process.pid)
-        self.report_status(rank, "started")
-
-    def _await_ready(self) -> None:
-        """Wait for every rank's ready message; the first failure raises WorkerStartupError."""
-        group = self._group
-        sentinels = {p.sentinel: rank for rank, p in enumerate(group.processes)}
-        pending = {conn: rank for rank, conn in enumerate(group.conns)}
-
-        def wait(conns: list[Connection], remaining: float | None) -> list[Connection]:
-            alive = [s for s, r in sentinels.items() if group.conns[r] in conns]
-            ready = connection.wait([*conns, *alive], timeout=remaining)
-            for obj in ready:
-                if isinstance(obj, int) and not group.conns[sentinels[obj]].poll():
-                    raise self._startup_death(sentinels[obj])
-            return [obj for obj in ready if not isinstance(obj, int)]  # type: ignore[misc]
-
-        def take(conn: Connection, rank: int) -> bool:
-            try:
-                kind, value = pickle.loads(conn.recv_bytes())
-            except (EOFError, OSError):
-                raise self._startup_death(rank) from None
-            if kind == "startup_error":
-                raise startup_failure(rank, value, room_note())
-            self.report_status(rank, "ready")
-            return True
-
-        deadline = time.monotonic() + self.startup_timeout
-        gather(pending, wait, take, deadline, self.startup_timed_out)
-
-    def _startup_death(self, rank: int) -> WorkerStartupError:
-        process = self._group.processes[rank]
-        process.join(EXIT_CODE_WAIT)
-        return WorkerStartupError(
-            rank,
-            f"the process (pid {process.pid}) ended while starting, without a Python "
-            f"exception: {describe_exitcode(process.exitcode)}{room_note()}",
-        )
 
     # -- RPC -----------------------------------------------------------------------------
     def exchange(

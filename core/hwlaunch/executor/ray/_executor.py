@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 from hwlaunch.errors import BackendUnavailableError, WorkerDiedError, WorkerStartupError
-from hwlaunch.executor._outside_stacks import OutsideReads
 from hwlaunch.executor._runtime import Failure, Request
 from hwlaunch.executor.base import (
     Executor,
@@ -55,6 +54,7 @@ from hwlaunch.executor.ray._placement import (
     placement_strategy,
     rank_order,
 )
+from hwlaunch.executor.ray._stacks import actor_stacks
 from hwlaunch.executor.state import ClosedState
 from hwlaunch.executor.transport.codec import PICKLES
 from hwlaunch.plan import Plan
@@ -453,56 +453,8 @@ class RayExecutor(Executor):
         return self.worker_died(died)
 
     def rank_stacks(self, ranks: list[int], timeout: float) -> dict[int, str]:
-        """py-spy's read of each actor on this driver's node (``_outside_stacks``), else the
-        actor's own answer from its control concurrency group, both within ``timeout``."""
         group = self._group
-        deadline = time.monotonic() + timeout
-        outside = OutsideReads(self._local_pids(ranks))
-        refs = {
-            group.actors[rank].stacks.options(concurrency_group=CONTROL_GROUP).remote(): rank
-            for rank in ranks
-            if rank < len(group.actors)
-        }
-        found: dict[int, str] = {}
-        with contextlib.suppress(Exception):  # Ray is going away
-            self._own_stacks(refs, found, outside, deadline)
-        outside.wait(deadline)
-        outside.close(timeout)
-        found.update(outside.found)
-        for rank in ranks:
-            why = outside.failed.get(rank, "not on this node: py-spy reads local processes only")
-            found.setdefault(
-                rank, f"no stack within {timeout:g}s ({why}; the actor did not answer)"
-            )
-        return dict(sorted(found.items()))
-
-    def _own_stacks(
-        self, refs: dict[Any, int], found: dict[int, str], outside: OutsideReads, deadline: float
-    ) -> None:
-        """The actors' own answers into ``found``, until each rank has a stack from one reader
-        or the other (py-spy's are taken meanwhile), or the deadline."""
-        ray, pending = self._group.ray, dict(refs)
-        while pending and (remaining := deadline - time.monotonic()) > 0:
-            ready, _ = ray.wait(
-                list(pending), num_returns=len(pending), timeout=min(remaining, 0.01)
-            )
-            for ref in ready:
-                rank = pending.pop(ref)
-                with contextlib.suppress(Exception):  # that actor died
-                    found[rank] = ray.get(ref)
-            outside.wait(time.monotonic())  # what py-spy has finished, without waiting
-            if all(rank in outside.found for rank in pending.values()):
-                return
-
-    def _local_pids(self, ranks: list[int]) -> dict[int, int | None]:
-        """The pids of the ranks' actors that run on this driver's node."""
-        here = self._group.ray.get_runtime_context().get_node_id()
-        nodes = self._group.nodes
-        return {
-            rank: nodes[rank].pid
-            for rank in ranks
-            if rank < len(nodes) and nodes[rank].node_id == here
-        }
+        return actor_stacks(group.ray, group.actors, group.nodes, ranks, timeout)
 
     def signal_ranks(self, signum: int) -> None:
         """Each actor signals itself (on whichever node it runs), from a thread of its own:
