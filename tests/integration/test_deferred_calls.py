@@ -9,6 +9,7 @@ leaves a Future pending for ever.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import threading
@@ -22,6 +23,7 @@ from processes import alive, mp_launch, processes, wait_until
 
 from hwlaunch import ExecutorClosedError, RpcTimeoutError, WorkerDiedError, WorkerError
 from hwlaunch.executor._deferred import COLLECT_AFTER, DeferredCall
+from hwlaunch.executor.base import TIMEOUT_BOUND
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("clean_env")]
 CHANNELS = ["shm", "pipe"]
@@ -149,6 +151,35 @@ def test_a_deferred_calls_timeout_counts_from_the_call() -> None:
         assert isinstance(future.exception(), RpcTimeoutError)
     finally:
         executor.shutdown()
+
+
+def holds_the_gil_in_c(worker: Any) -> None:
+    """Rank 1 sleeps in libc through ctypes.PyDLL, which keeps the GIL for the whole call."""
+    if worker.rank == 1:
+        ctypes.PyDLL(None).sleep(60)
+
+
+@pytest.mark.parametrize("reader", ["result", "wait"])
+def test_the_timeout_bound_holds_for_a_deferred_call(reader: str) -> None:
+    """RpcTimeoutError within TIMEOUT_BOUND of the timeout (2x here: shared CPUs), read by the
+    caller's result() or, for a caller that only waits, by the collector; a rank that holds
+    the GIL in C cannot answer anything, and no worker is left."""
+    executor = launch("shm")
+    pids = executor.pids
+    try:
+        began = time.monotonic()
+        future = executor.collective_rpc(holds_the_gil_in_c, timeout=1.0, non_block=True)
+        if reader == "result":
+            with pytest.raises(RpcTimeoutError):
+                future.result()
+        else:
+            assert wait([future], timeout=10).done == {future}
+        past = time.monotonic() - began - 1.0
+        assert isinstance(future.exception(), RpcTimeoutError)
+        assert past < TIMEOUT_BOUND * 2, f"RpcTimeoutError {past:.2f}s after the timeout"
+    finally:
+        executor.shutdown()
+    assert not alive(processes(pids))
 
 
 def test_the_collector_ends_when_idle() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vllm_engines import executor_of, token_ids
+from vllm_engines import ENGINE, close, executor_of, token_ids
 from vllm_scripts import run_script
 
 
@@ -53,3 +53,30 @@ def test_vllms_own_llm_takes_the_executor_by_its_dotted_name(
     finished = run_script("dotted_name.py", str(tiny_model))
     assert finished.json["tokens"] == own_executor_tokens[2]
     assert "hwlaunch plan for vLLM's workers" in finished.stderr + finished.stdout
+
+
+def test_with_a_kv_connector_the_aggregated_outputs_give_the_same_tokens(
+    tiny_model: Path,
+    tmp_path: Path,
+    prompts: list[str],
+    own_executor_tokens: dict[int, list[list[int]]],
+) -> None:
+    """A KV connector (vLLM's ExampleConnector, on disk) makes the engine merge every rank's
+    outputs of a step through its KV output aggregator: the step's non-blocking Future is then
+    the aggregator's, read through the call it merges. Greedy tokens stay vLLM's."""
+    from vllm.config import KVTransferConfig
+
+    from hwlaunch.integrations.vllm import LLM
+
+    connector = KVTransferConfig(
+        kv_connector="ExampleConnector",
+        kv_role="kv_both",
+        kv_connector_extra_config={"shared_storage_path": str(tmp_path / "kv")},
+    )
+    llm = LLM(str(tiny_model), tensor_parallel_size=2, kv_transfer_config=connector, **ENGINE)
+    try:
+        assert executor_of(llm).kv_output_aggregator is not None
+        assert token_ids(llm, prompts) == own_executor_tokens[2]
+        assert token_ids(llm, prompts) == own_executor_tokens[2]  # now from the stored KV too
+    finally:
+        close(llm)
