@@ -35,9 +35,9 @@ from processes import (
     wait_until,
 )
 
-from hwlaunch.executor._callable_cache import CachedPickle
-from hwlaunch.executor._runtime import encode_method
+from hwlaunch.executor._encoding import encode_method
 from hwlaunch.executor.mp._shm_channel import CHUNK_BYTES, SLOT_BYTES
+from hwlaunch.executor.transport._callables import CachedPickle
 from hwlaunch.executor.transport._messages import CALL, request_head
 from hwlaunch.executor.transport._wire import Frame, encode
 from hwlaunch.planning.threads import probe_threads

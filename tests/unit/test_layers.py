@@ -1,6 +1,7 @@
 """The layering the design promises, checked on the code itself: worker-side code loads no
-planning or CLI module, and no function in core/hwlaunch/, plugins/, benchmarks/, examples/
-or tests/ is longer than 60 lines."""
+planning or CLI module, every executor module sits on a side of the driver/worker wall that
+import-linter holds, no function in core/hwlaunch/, plugins/, benchmarks/, examples/ or tests/
+is longer than 60 lines, and no class in core/hwlaunch/ longer than 300."""
 
 from __future__ import annotations
 
@@ -15,8 +16,14 @@ import pytest
 
 import hwlaunch
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 ROOT = Path(__file__).resolve().parents[2]
 MAX_FUNCTION_LINES = 60
+MAX_CLASS_LINES = 300
 
 WORKER_SIDE = """
 import json, pickle, sys
@@ -70,3 +77,58 @@ def long_functions() -> list[str]:
 
 def test_no_function_is_longer_than_60_lines() -> None:
     assert long_functions() == []
+
+
+def long_classes() -> list[str]:
+    found = []
+    for path in sorted((ROOT / "core" / "hwlaunch").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                assert node.end_lineno is not None
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_CLASS_LINES:
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    found.append(f"{where} {node.name} ({length} lines)")
+    return found
+
+
+def test_no_class_is_longer_than_300_lines() -> None:
+    assert long_classes() == []
+
+
+# Executor modules on neither side of the wall: both sides use them (the transport and the mp
+# channels, __main__'s handling, the process tree, Ray's import and lifeline), or the module
+# hosts a worker in the driver's process.
+SHARED = {
+    "hwlaunch.executor",
+    "hwlaunch.executor.mp",
+    "hwlaunch.executor.ray",
+    "hwlaunch.executor._main_refs",
+    "hwlaunch.executor._mainprep",
+    "hwlaunch.executor._ports",
+    "hwlaunch.executor.mp._pipe_channel",
+    "hwlaunch.executor.mp._process_tree",
+    "hwlaunch.executor.mp._shm_channel",
+    "hwlaunch.executor.mp._shm_wait",
+    "hwlaunch.executor.ray._cluster",
+    "hwlaunch.executor.ray._lifeline",
+}
+
+
+def test_every_executor_module_has_its_side_of_the_wall() -> None:
+    """A new module under executor/ is put on the worker side or the driver side of the
+    import-linter contract (or named shared here), so the wall keeps covering all of them."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    (wall,) = [c for c in config["tool"]["importlinter"]["contracts"] if "driver side" in c["name"]]
+    sides = [*wall["source_modules"], *wall["forbidden_modules"]]
+    folder = ROOT / "core" / "hwlaunch" / "executor"
+    modules = {
+        ".".join(("hwlaunch", *path.relative_to(folder.parent).with_suffix("").parts)).removesuffix(
+            ".__init__"
+        )
+        for path in folder.rglob("*.py")
+    }
+    placed = {m for m in modules if any(m == s or m.startswith(s + ".") for s in sides)}
+    assert sorted(modules - placed - SHARED) == []
+    assert sorted(SHARED - modules) == [], "SHARED names modules that no longer exist"

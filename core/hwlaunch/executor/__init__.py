@@ -17,13 +17,8 @@ process, with nothing encoded. The parent encodes requests with ``encode_method`
 
 from __future__ import annotations
 
-from hwlaunch.executor._runtime import (
-    Failure,
-    encode_extension,
-    encode_method,
-    method_label,
-    start_worker,
-)
+from hwlaunch.executor._encoding import encode_extension, encode_method, method_label
+from hwlaunch.executor._runtime import Failure, start_worker
 from hwlaunch.executor.base import (
     Executor,
     StatusCallback,

@@ -11,7 +11,8 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hwlaunch.executor._runtime import Request, encode_method, method_label
+from hwlaunch.executor._encoding import encode_method, method_label
+from hwlaunch.executor._runtime import Request
 
 __all__ = ["check_call", "check_reply_rank", "check_timeout", "request_of"]
 

@@ -47,19 +47,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["CAPACITY", "CachedPickle", "pickled_once"]
+from hwlaunch.executor.transport._callables import CachedPickle
+
+__all__ = ["CAPACITY", "pickled_once"]
 
 CAPACITY = 256
 _DEPTH = 8  # functions within functions followed for the key; deeper: not cached
 _ATOMS = frozenset((type(None), bool, int, float, complex, str, bytes, type(Ellipsis)))
 _BY_IDENTITY = (types.ModuleType, types.BuiltinFunctionType)
-
-
-class CachedPickle(bytes):
-    """A pickled callable that was cached: the same bytes object on every call, with the
-    ``digest`` (16 bytes of BLAKE2b) that names it to a worker that keeps it."""
-
-    digest: bytes
 
 
 class _Uncacheable(Exception):

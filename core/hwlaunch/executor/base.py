@@ -12,7 +12,6 @@ with every rank) and ``stop_ranks``; it reports through ``report_status``, ``tim
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -29,14 +28,12 @@ from hwlaunch.errors import (
 )
 from hwlaunch.executor._arguments import request_of
 from hwlaunch.executor._calls import Calls, decision_source
+from hwlaunch.executor._encoding import encode_extension
 from hwlaunch.executor._failures import raise_first_failure, startup_failure
 from hwlaunch.executor._output import open_run_dir
 from hwlaunch.executor._picklecheck import check_picklable
-from hwlaunch.executor._runtime import (
-    Failure,
-    Request,
-    encode_extension,
-)
+from hwlaunch.executor._ports import free_port
+from hwlaunch.executor._runtime import Failure, Request
 from hwlaunch.executor._signals import SignalForwarding
 from hwlaunch.executor._watchdog import FAULT_STACKS
 from hwlaunch.executor.state import ClosedState
@@ -56,6 +53,8 @@ __all__ = [
 ]
 
 StatusCallback = Callable[[int, str], None]
+# A call made with setup=True, as a restarted group replays it: method, args, kwargs, timeout.
+SetupCall = tuple[Any, tuple[Any, ...], dict[str, Any] | None, float | None]
 K = TypeVar("K", bound=Hashable)
 HEALTH_TIMEOUT = 30.0  # seconds check_health() waits for every worker's ping
 STACKS_TIMEOUT = 5.0  # seconds dump_stacks() waits for each rank's answer, by default
@@ -223,13 +222,21 @@ class Executor(ABC):
         ``max_restarts``, a restarted group replays every such call, in order, before it takes
         other calls. Without restarts it changes nothing.
         """
-        del setup  # recorded by the restart controller (executor.restart), which wraps this one
-        request, label, timeout = request_of(
+        request, label, checked = request_of(
             method, args, kwargs, timeout, unique_reply_rank, self.world_size
         )
         if non_block:
-            return self._calls.submit(request, label, timeout, unique_reply_rank)
-        return self._calls.run(request, label, timeout, unique_reply_rank)
+            result: Any = self._calls.submit(request, label, checked, unique_reply_rank)
+        else:
+            result = self._calls.run(request, label, checked, unique_reply_rank)
+        if setup:
+            self._setup_made((method, tuple(args), kwargs, timeout), result, non_block)
+        return result
+
+    def _setup_made(self, call: SetupCall, result: Any, non_block: bool) -> None:
+        """A ``setup=True`` call was made (and, blocking, succeeded): the restart controller
+        (``executor.restart``) records it to replay; without restarts nothing is kept."""
+        del call, result, non_block
 
     def _reply_of(self, results: list[Any], rank: int) -> Any:
         """Rank ``rank``'s result among ``results`` (every rank's, in rank order)."""
@@ -393,13 +400,6 @@ def silent_ranks(waiting: Collection[int] | None, world_size: int) -> list[int]:
         except RuntimeError:  # changed while read (a reply came): every rank, this once
             pass
     return list(range(world_size))
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on ``host`` (for the process group's rendezvous)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def visible_devices(plan: Plan, environ: Mapping[str, str] | None = None) -> str | None:

@@ -28,8 +28,9 @@ from hwlaunch.errors import (
     WorkerDiedError,
     describe_exitcode,
 )
-from hwlaunch.executor._runtime import Failure, Request, method_label
-from hwlaunch.executor.base import Executor, silent_ranks
+from hwlaunch.executor._encoding import method_label
+from hwlaunch.executor._runtime import Failure, Request
+from hwlaunch.executor.base import Executor, SetupCall, silent_ranks
 from hwlaunch.plan import Plan
 
 log = logging.getLogger("hwlaunch")
@@ -77,7 +78,6 @@ class Group(Protocol):
 
 
 Starter = Callable[[Plan], Group]
-SetupCall = tuple[Any, tuple[Any, ...], dict[str, Any] | None, float | None]
 
 
 def plan_for_restart(plan: Plan, count: int) -> Plan:
@@ -240,32 +240,16 @@ class RestartingExecutor(Executor):
             return self._inner, self._generation
 
     # -- the Executor interface ------------------------------------------------------------
-    def collective_rpc(
-        self,
-        method: str | Callable[..., Any],
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-        timeout: float | None = None,
-        *,
-        non_block: bool = False,
-        unique_reply_rank: int | None = None,
-        setup: bool = False,
-    ) -> Any:
-        result = super().collective_rpc(
-            method, args, kwargs, timeout, non_block=non_block, unique_reply_rank=unique_reply_rank
-        )
-        if setup:
-            call = (method, tuple(args), kwargs, timeout)
-            if not non_block:
+    def _setup_made(self, call: SetupCall, result: Any, non_block: bool) -> None:
+        if not non_block:
+            self._setup_calls.append(call)
+            return
+
+        def record(done: Future[Any]) -> None:  # once it succeeded; calls end in call order
+            if done.exception() is None:
                 self._setup_calls.append(call)
-            else:  # recorded once it succeeded; calls complete in the order they were made
 
-                def record(done: Future[Any]) -> None:
-                    if done.exception() is None:
-                        self._setup_calls.append(call)
-
-                result.add_done_callback(record)
-        return result
+        result.add_done_callback(record)
 
     def exchange(
         self, request: Request, label: str, timeout: float | None, reply_rank: int | None

@@ -20,7 +20,6 @@ from multiprocessing.util import Finalize
 from typing import Any
 
 from hwlaunch.errors import WorkerDiedError
-from hwlaunch.executor._callable_cache import CachedPickle
 from hwlaunch.executor._runtime import Failure, Request
 from hwlaunch.executor.base import (
     Executor,
@@ -33,6 +32,7 @@ from hwlaunch.executor.mp._room import out_of_room
 from hwlaunch.executor.mp._shm_channel import ChannelLost, ShmChannel
 from hwlaunch.executor.mp._stack_requests import request_stacks
 from hwlaunch.executor.mp._start import GroupStart
+from hwlaunch.executor.transport._callables import CachedPickle
 from hwlaunch.executor.transport._messages import CALL, request_head
 from hwlaunch.executor.transport.codec import FRAMES
 from hwlaunch.plan import Plan

@@ -13,14 +13,14 @@ import threading
 from typing import Any
 
 from hwlaunch.executor import _driver_death as driver_death
+from hwlaunch.executor._ports import free_port
 from hwlaunch.executor._runtime import Failure, start_worker
 from hwlaunch.executor._stacks import thread_stacks
 from hwlaunch.executor._worker_signals import install_dispatch
-from hwlaunch.executor.base import free_port
+from hwlaunch.executor.ray._actor_output import ActorOutput
 from hwlaunch.executor.ray._cluster import import_ray, node_address
 from hwlaunch.executor.ray._lifeline import watch as lifeline_watch
 from hwlaunch.executor.ray._lifeline import watch_raylet
-from hwlaunch.executor.ray._output import ActorOutput
 from hwlaunch.executor.transport.codec import answer
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker

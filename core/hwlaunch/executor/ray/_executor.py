@@ -35,6 +35,7 @@ from hwlaunch.executor.base import (
     worker_environment,
 )
 from hwlaunch.executor.ray._actor import CONTROL_GROUP, WATCH_GROUP, rank_actor_class
+from hwlaunch.executor.ray._actor_output import OUTPUT_GROUP
 from hwlaunch.executor.ray._cluster import (
     connect,
     import_ray,
@@ -43,7 +44,7 @@ from hwlaunch.executor.ray._cluster import (
     setting_source,
 )
 from hwlaunch.executor.ray._lifeline import Lifeline, actor_ray_config
-from hwlaunch.executor.ray._output import OUTPUT_GROUP, OutputCollector
+from hwlaunch.executor.ray._output import OutputCollector
 from hwlaunch.executor.ray._placement import (
     RankNode,
     actor_resources,

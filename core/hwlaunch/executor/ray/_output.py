@@ -1,4 +1,4 @@
-"""Worker output under Ray: captured in each actor, collected by the driver, shown as under mp.
+"""Worker output under Ray: collected by the driver from each actor, shown as under mp.
 
 Why not Ray's own forwarding (``log_to_driver``): it prefixes lines in its own format
 (``(hwlaunch_cpu_rank0 pid=…)``), it collapses lines that look alike across processes ("[repeated 2x across
@@ -14,53 +14,18 @@ log files.
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import threading
 from typing import Any
 
 from hwlaunch.executor._output import RankStream, WorkerOutput
+from hwlaunch.executor.ray._actor_output import OUTPUT_GROUP
 from hwlaunch.plan import Plan
 
-__all__ = ["OUTPUT_GROUP", "ActorOutput", "OutputCollector"]
+__all__ = ["OutputCollector"]
 
-OUTPUT_GROUP = "hwlaunch_output"  # the actors' concurrency group for collect()
 COLLECT_WAIT = 1.0  # seconds one collect call waits for output before it returns empty
-CHUNK = 64 * 1024
 DRAIN_WAIT = 2.0  # seconds the driver waits for an actor's last output at shutdown
 FINAL_WAIT = 0.05  # seconds a last-round collect waits (for bytes still in the actor's pipe)
-
-
-class ActorOutput:
-    """In the actor: fds 1 and 2 as pipes, read into a buffer that ``collect`` empties."""
-
-    def __init__(self) -> None:
-        self._chunks: list[tuple[int, bytes]] = []
-        self._ready = threading.Condition()
-        for index, fd in enumerate((1, 2)):
-            with contextlib.suppress(Exception):
-                (sys.stdout, sys.stderr)[index].flush()
-            read_fd, write_fd = os.pipe()
-            os.dup2(write_fd, fd)
-            os.close(write_fd)
-            threading.Thread(
-                target=self._read, args=(index, read_fd), name=f"hwlaunch-fd{fd}", daemon=True
-            ).start()
-
-    def _read(self, index: int, read_fd: int) -> None:
-        while chunk := os.read(read_fd, CHUNK):
-            with self._ready:
-                self._chunks.append((index, chunk))
-                self._ready.notify_all()
-
-    def collect(self, wait: float) -> list[tuple[int, bytes]]:
-        """What was written since the last call, as (0 stdout | 1 stderr, bytes) in order;
-        waits up to ``wait`` seconds for something."""
-        with self._ready:
-            self._ready.wait_for(lambda: bool(self._chunks), timeout=wait)
-            chunks, self._chunks = self._chunks, []
-        return chunks
 
 
 class OutputCollector:

@@ -19,12 +19,18 @@ from typing import Any, Protocol
 
 import cloudpickle
 
-from hwlaunch.executor._callable_cache import CachedPickle
 from hwlaunch.executor._runtime import Request, adopt_main_objects
 from hwlaunch.executor.transport._messages import NO_CALLABLE, SHUTDOWN, Body, parse_request
 from hwlaunch.executor.transport._wire import FRAME_BYTE, decode
 
-__all__ = ["KEPT", "CallReader", "KeptCallables", "SentCallables"]
+__all__ = ["KEPT", "CachedPickle", "CallReader", "KeptCallables", "SentCallables"]
+
+
+class CachedPickle(bytes):
+    """A pickled callable that was cached: the same bytes object on every call, with the
+    ``digest`` (16 bytes of BLAKE2b) that names it to a worker that keeps it."""
+
+    digest: bytes
 
 
 class Endpoint(Protocol):
