@@ -39,6 +39,9 @@ class Stamps:
         time.sleep(nap)
         return began
 
+    def echo(self, value: Any) -> Any:
+        return value
+
     def fail(self) -> None:
         raise ValueError(f"rank {self.rank} fails on purpose")
 
@@ -151,6 +154,46 @@ def test_a_deferred_calls_timeout_counts_from_the_call() -> None:
         assert isinstance(future.exception(), RpcTimeoutError)
     finally:
         executor.shutdown()
+
+
+@pytest.mark.parametrize("channel", CHANNELS)
+def test_threads_mixing_every_kind_of_call_each_get_their_own_answers(channel: str) -> None:
+    """Four threads, each making 100 calls of every kind on one executor (blocking,
+    non-blocking read by result(), by a timeout, by wait(), by a done callback only): every
+    call gets its own answer, in time, and none is lost or read twice."""
+    with launch(channel) as executor:
+        errors: list[BaseException] = []
+
+        def one_thread(number: int) -> None:
+            try:
+                for index in range(100):
+                    tag = number * 1000 + index
+                    kind = index % 5
+                    if kind == 0:
+                        assert executor.collective_rpc("echo", (tag,)) == [tag, tag]
+                        continue
+                    future = executor.collective_rpc("echo", (tag,), non_block=True)
+                    if kind == 1:
+                        assert future.result() == [tag, tag]
+                    elif kind == 2:
+                        assert future.result(timeout=30) == [tag, tag]
+                    elif kind == 3:
+                        assert wait([future], timeout=30).done == {future}
+                        assert future.result() == [tag, tag]
+                    else:
+                        seen: Future[Any] = Future()
+                        future.add_done_callback(lambda done, seen=seen: seen.set_result(done))
+                        assert seen.result(30).result() == [tag, tag]
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=one_thread, args=(n,)) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not [t for t in threads if t.is_alive()], "a thread hung"
+        assert errors == []
 
 
 def holds_the_gil_in_c(worker: Any) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import psutil
 import pytest
 from vllm_engines import ENGINE, close, executor_of
-from vllm_scripts import shm_left, start_script
+from vllm_scripts import left_behind, start_script
 
 sys.path.insert(0, str(Path(__file__).parent.parent))  # tests/: the shared process helpers
 from processes import alive, kill_all, processes, wait_until
@@ -73,7 +73,7 @@ def test_worker_killed_mid_generate_is_reported_naming_its_rank(tiny_model: Path
         thread.join(30)
         leftovers = kill_all(tree)
     assert not leftovers, f"left running after the engine closed: {leftovers}"
-    assert shm_left(ident) == []
+    assert left_behind(ident) == []
 
 
 def test_driver_killed_mid_generate_leaves_nothing_running(tiny_model: Path) -> None:
@@ -98,7 +98,7 @@ def test_driver_killed_mid_generate_leaves_nothing_running(tiny_model: Path) -> 
         # SIGKILL 2 s later: 15 s is well past that
         took = wait_until(lambda: not alive(tree), 15, "the engine's workers to exit")
         print(f"workers gone {took:.2f}s after the driver's SIGKILL")
-        assert shm_left(started["ident"]) == []
+        assert left_behind(started["ident"]) == []
     finally:
         driver.kill()
         leftovers = kill_all(tree)

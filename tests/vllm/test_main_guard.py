@@ -12,15 +12,28 @@ from typing import Any
 
 import pytest
 from vllm_engines import token_ids
-from vllm_scripts import Finished, run_script, shm_left
+from vllm_scripts import Finished, left_behind, run_script
 
 BOOTSTRAP_ERROR = "An attempt has been made to start a new process before"
 
 
 @pytest.fixture(scope="module")
-def unguarded_fork(tiny_model: Path) -> Finished:
+def script_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The unguarded script's temporary directory, where vLLM's ranks meet (its file store)
+    and bind their broadcast queues' ipc sockets (``VLLM_RPC_BASE_PATH``)."""
+    return tmp_path_factory.mktemp("script-tmp")
+
+
+@pytest.fixture(scope="module")
+def unguarded_fork(tiny_model: Path, script_tmp: Path) -> Finished:
     """The script on fork, with a CPU binding the user set (each rank the other's CPU)."""
-    return run_script("unguarded.py", str(tiny_model), VLLM_CPU_OMP_THREADS_BIND="1|0")
+    return run_script(
+        "unguarded.py",
+        str(tiny_model),
+        VLLM_CPU_OMP_THREADS_BIND="1|0",
+        TMPDIR=str(script_tmp),
+        VLLM_RPC_BASE_PATH=str(script_tmp),
+    )
 
 
 def test_unguarded_script_runs_to_its_tokens_on_fork(
@@ -31,7 +44,17 @@ def test_unguarded_script_runs_to_its_tokens_on_fork(
     assert result["tokens"] == token_ids(engine_tp2, prompts)
     assert BOOTSTRAP_ERROR not in unguarded_fork.stderr
     # the workers ended with the script (hwlaunch's exit handler) and took vLLM's segments along
-    assert result["ident"] and shm_left(result["ident"]) == []
+    assert result["ident"] and left_behind(result["ident"]) == []
+
+
+def test_the_script_leaves_nothing_in_its_temporary_directory(
+    unguarded_fork: Finished, script_tmp: Path
+) -> None:
+    """The file store's file and the broadcast queues' socket files are gone with the job
+    (vLLM's own executor leaves the socket files); torch's compile cache stays, as caches do."""
+    assert unguarded_fork.json["tokens"]
+    left = sorted(p.name for p in script_tmp.iterdir() if not p.name.startswith("torchinductor"))
+    assert left == []
 
 
 def test_a_binding_the_user_set_is_honoured(unguarded_fork: Finished) -> None:

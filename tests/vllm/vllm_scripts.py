@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,10 @@ def start_script(name: str, *args: str, **env: str | None) -> subprocess.Popen[s
     )
 
 
-def shm_left(ident: str) -> list[str]:
-    """What a job's ranks left in /dev/shm: vLLM names its CPU all-reduce segments after
-    ``VLLM_DIST_IDENT``."""
-    return sorted(name for name in os.listdir("/dev/shm") if name.startswith(f"{ident}-"))
+def left_behind(ident: str) -> list[str]:
+    """What a job's ranks left: vLLM's CPU all-reduce segments in /dev/shm (named after
+    ``VLLM_DIST_IDENT``), and the file store's file they met through (that name, in the
+    temporary directory)."""
+    found = sorted(name for name in os.listdir("/dev/shm") if name.startswith(f"{ident}-"))
+    store = Path(tempfile.gettempdir(), ident)
+    return found + ([str(store)] if store.exists() else [])

@@ -28,7 +28,11 @@ from vllm.v1.executor.abstract import Executor
 import hwlaunch
 from hwlaunch.integrations.vllm._handoff import PENDING
 from hwlaunch.integrations.vllm._plan import bind_cpus, resolve_for_vllm
-from hwlaunch.integrations.vllm._shm import remove_segments, segments_ident
+from hwlaunch.integrations.vllm._shm import (
+    remove_rendezvous_file,
+    remove_segments,
+    segments_ident,
+)
 
 __all__ = ["HwlaunchExecutor"]
 
@@ -62,7 +66,7 @@ class HwlaunchExecutor(Executor):
         self._workers = hwlaunch.launch(
             self.plan, worker_extension=EXTENSION, init_distributed=False
         )
-        init_method = _init_method()
+        init_method = self._rendezvous = _init_method()
         self._segments = segments_ident(init_method)
         try:
             self._workers.collective_rpc("vllm_start", args=(self.vllm_config, init_method))
@@ -173,6 +177,7 @@ class HwlaunchExecutor(Executor):
         if workers is not None:
             workers.shutdown()
             remove_segments(self._segments)  # a rank that was killed left its own
+            remove_rendezvous_file(self._rendezvous)
 
     @property
     def pids(self) -> list[int]:

@@ -1,4 +1,6 @@
-"""vLLM's CPU all-reduce segments in ``/dev/shm``, removed when the job ends.
+"""What a vLLM job leaves on the machine, removed when it ends: vLLM's CPU all-reduce segments
+in ``/dev/shm``, the file its ranks met through (a file store's ``vllm_dist_<id>``), and the
+ipc socket files of its groups' broadcast queues.
 
 Why: vLLM's CPU communicator keeps a shared-memory segment per rank and group, named after the
 job's rendezvous (``VLLM_DIST_IDENT``, the file store's name), through a C++ manager that
@@ -8,6 +10,13 @@ the driver removes them again when its executor shuts down (a rank that was kill
 Where vLLM's own server kills the engine core and its workers at once (``--shutdown-timeout
 0``: SIGKILL to the whole tree), none of them can: ``hwlaunch serve-vllm`` then removes the
 segments that appeared while it ran and that no process maps any more (``orphans``).
+
+The file store's file is torch's to remove, once the last process that opened it destroys its
+store: ranks that end by ``os._exit`` never do. Each rank removes it once its groups have ended
+(nothing reads the store after that), and the driver again at its executor's shutdown.
+vLLM's broadcast queues (``shm_broadcast.MessageQueue``) bind zmq ipc sockets under
+``VLLM_RPC_BASE_PATH`` and never unlink them: the rank that bound them does, once its groups
+have ended.
 """
 
 from __future__ import annotations
@@ -15,7 +24,15 @@ from __future__ import annotations
 import contextlib
 import os
 
-__all__ = ["job_segments", "orphans", "remove_segments", "segments_ident", "unlink"]
+__all__ = [
+    "job_segments",
+    "orphans",
+    "remove_rendezvous_file",
+    "remove_segments",
+    "segments_ident",
+    "unlink",
+    "unlink_sockets",
+]
 
 SHM_DIR = "/dev/shm"
 
@@ -28,6 +45,20 @@ def remove_segments(ident: str | None) -> None:
         if name.startswith(f"{ident}-") and "-cpushm" in name:
             with contextlib.suppress(FileNotFoundError):  # another rank was first
                 os.unlink(os.path.join(SHM_DIR, name))
+
+
+def remove_rendezvous_file(init_method: str | None) -> None:
+    """Unlink a file store's file (``file://PATH``); a TCP rendezvous leaves none."""
+    if init_method and init_method.startswith("file://"):
+        with contextlib.suppress(FileNotFoundError):  # another rank, or torch, was first
+            os.unlink(init_method.removeprefix("file://"))
+
+
+def unlink_sockets(paths: list[str]) -> None:
+    """Unlink ipc socket files whose sockets are closed; ones already gone are fine."""
+    for path in paths:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def segments_ident(init_method: str) -> str:

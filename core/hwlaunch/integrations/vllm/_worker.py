@@ -15,7 +15,11 @@ import sys
 from typing import Any
 
 from hwlaunch.integrations.vllm._binding import BIND_VAR, parse_binding
-from hwlaunch.integrations.vllm._shm import remove_segments
+from hwlaunch.integrations.vllm._shm import (
+    remove_rendezvous_file,
+    remove_segments,
+    unlink_sockets,
+)
 
 __all__ = ["VllmWorker"]
 
@@ -31,6 +35,7 @@ class VllmWorker:
     world_size: int
     plan: Any
     _vllm: Any = None
+    _rendezvous: str | None = None  # where the ranks met (vllm_start)
 
     def init_device(self) -> None:
         """Bind this rank's CPUs (vLLM's CPU platform, from the plan's binding) before
@@ -54,6 +59,7 @@ class VllmWorker:
         all_kwargs: list[dict[str, Any]] = [{} for _ in range(self.world_size)]
         all_kwargs[self.rank] = kwargs
         wrapper = WorkerWrapperBase(rpc_rank=self.rank, global_rank=self.rank)
+        self._rendezvous = distributed_init_method
         wrapper.init_worker(all_kwargs)
         wrapper.init_device()
         wrapper.load_model()
@@ -91,9 +97,27 @@ class VllmWorker:
                 # groups within its grace; every rank that holds the segments keeps them mapped.
                 remove_segments(os.environ.get("VLLM_DIST_IDENT"))
                 wrapper.shutdown()
+                sockets = _broadcast_sockets()
                 _end_vllm_groups()
+                unlink_sockets(sockets)
+                remove_rendezvous_file(self._rendezvous)  # nothing reads the store now
         finally:
             super().shutdown()  # type: ignore[misc]
+
+
+def _broadcast_sockets() -> list[str]:
+    """The ipc socket files of the broadcast queues this rank's vLLM groups bound (their
+    writer's subscribe and notify addresses): vLLM closes the sockets and leaves the files."""
+    from vllm.distributed import parallel_state
+
+    paths = []
+    for ref in list(getattr(parallel_state, "_groups", {}).values()):
+        handle = getattr(getattr(ref(), "mq_broadcaster", None), "handle", None)
+        for address in (getattr(handle, "local_subscribe_addr", None),
+                        getattr(handle, "local_notify_addr", None)):  # fmt: skip
+            if isinstance(address, str) and address.startswith("ipc://"):
+                paths.append(address.removeprefix("ipc://"))
+    return paths
 
 
 def _end_vllm_groups() -> None:
