@@ -21,6 +21,7 @@ from hwlaunch.executor._encoding import encode_extension, encode_method, method_
 from hwlaunch.executor._runtime import Failure, start_worker
 from hwlaunch.executor.base import (
     Executor,
+    ExecutorOptions,
     StatusCallback,
     free_port,
     raise_first_failure,
@@ -30,6 +31,7 @@ from hwlaunch.executor.transport.codec import answer, dumps, loads
 
 __all__ = [
     "Executor",
+    "ExecutorOptions",
     "Failure",
     "StatusCallback",
     "answer",

@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Hashable, Iterable, Mapping
 from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 from hwlaunch.errors import (
     ExecutorClosedError,
@@ -42,6 +42,7 @@ from hwlaunch.spec import select_env
 
 __all__ = [
     "Executor",
+    "ExecutorOptions",
     "StatusCallback",
     "bound_devices",
     "free_port",
@@ -53,6 +54,18 @@ __all__ = [
 ]
 
 StatusCallback = Callable[[int, str], None]
+
+
+class ExecutorOptions(TypedDict, total=False):
+    """What every executor's constructor takes after the plan and the worker extension,
+    declared once: ``Executor.__init__`` documents them; an executor of its own passes them on
+    (``**options: Unpack[ExecutorOptions]``)."""
+
+    init_distributed: bool
+    startup_timeout: float | None
+    on_status: StatusCallback | None
+
+
 # A call made with setup=True, as a restarted group replays it: method, args, kwargs, timeout.
 SetupCall = tuple[Any, tuple[Any, ...], dict[str, Any] | None, float | None]
 K = TypeVar("K", bound=Hashable)

@@ -33,17 +33,20 @@ from __future__ import annotations
 
 import atexit
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hwlaunch.errors import ConfigError
 from hwlaunch.executor._runtime import apply_cpu_threads, worker_class
 from hwlaunch.executor._setup import run_worker_setup
-from hwlaunch.executor.base import StatusCallback
+from hwlaunch.executor.base import ExecutorOptions
 from hwlaunch.executor.uni import UniExecutor
 from hwlaunch.plan import Plan
 from hwlaunch.planning.launchers import detect_launcher
 from hwlaunch.runtime_facts import LauncherInfo
 from hwlaunch.worker import Worker
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["ExternalExecutor"]
 
@@ -110,22 +113,13 @@ class ExternalExecutor(UniExecutor):
         self,
         plan: Plan,
         worker_extension: type | str | None = None,
-        *,
-        init_distributed: bool = True,
-        startup_timeout: float | None = None,
-        on_status: StatusCallback | None = None,
+        **options: Unpack[ExecutorOptions],
     ) -> None:
         self.launcher = detect_launcher()
         self.rank, self._local_rank, self._addr, self._port = placement(
-            plan, self.launcher, init_distributed
+            plan, self.launcher, options.get("init_distributed", True)
         )
-        super().__init__(
-            plan,
-            worker_extension,
-            init_distributed=init_distributed,
-            startup_timeout=startup_timeout,
-            on_status=on_status,
-        )
+        super().__init__(plan, worker_extension, **options)
         atexit.register(_shutdown_at_exit, weakref.ref(self))
 
     def _check_plan(self, plan: Plan) -> None:

@@ -17,13 +17,16 @@ import queue
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hwlaunch.executor._runtime import Failure, Request, call, start_worker
 from hwlaunch.executor._stacks import thread_stacks
-from hwlaunch.executor.base import Executor, StatusCallback, free_port, startup_failure
+from hwlaunch.executor.base import Executor, ExecutorOptions, free_port, startup_failure
 from hwlaunch.plan import Plan
 from hwlaunch.worker import Worker
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["UniExecutor"]
 
@@ -39,18 +42,9 @@ class UniExecutor(Executor):
         self,
         plan: Plan,
         worker_extension: type | str | None = None,
-        *,
-        init_distributed: bool = True,
-        startup_timeout: float | None = None,
-        on_status: StatusCallback | None = None,
+        **options: Unpack[ExecutorOptions],
     ) -> None:
-        super().__init__(
-            plan,
-            worker_extension,
-            init_distributed=init_distributed,
-            startup_timeout=startup_timeout,
-            on_status=on_status,
-        )
+        super().__init__(plan, worker_extension, **options)
         self._check_plan(plan)
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._stop_lock = threading.Lock()

@@ -17,13 +17,13 @@ import threading
 import time
 from collections.abc import Callable
 from multiprocessing.util import Finalize
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hwlaunch.errors import WorkerDiedError
 from hwlaunch.executor._runtime import Failure, Request
 from hwlaunch.executor.base import (
     Executor,
-    StatusCallback,
+    ExecutorOptions,
 )
 from hwlaunch.executor.mp._group import WorkerGroup
 from hwlaunch.executor.mp._output_pipes import OutputPipes
@@ -37,6 +37,9 @@ from hwlaunch.executor.transport._messages import CALL, request_head
 from hwlaunch.executor.transport.codec import FRAMES
 from hwlaunch.plan import Plan
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
 __all__ = ["MultiprocExecutor"]
 
 _decode_reply = FRAMES.decode_reply  # bound once: the hot path passes it on every call
@@ -49,20 +52,11 @@ class MultiprocExecutor(Executor):
         self,
         plan: Plan,
         worker_extension: type | str | None = None,
-        *,
-        init_distributed: bool = True,
-        startup_timeout: float | None = None,
-        on_status: StatusCallback | None = None,
+        **options: Unpack[ExecutorOptions],
     ) -> None:
         if plan.start_method is None:
             raise ValueError("the mp executor needs a plan with a start method")
-        super().__init__(
-            plan,
-            worker_extension,
-            init_distributed=init_distributed,
-            startup_timeout=startup_timeout,
-            on_status=on_status,
-        )
+        super().__init__(plan, worker_extension, **options)
         self._rpc_id = 0
         self._sentinels: list[int] = []  # the workers' process sentinels, in rank order
         self._group = WorkerGroup(plan.world_size, plan.shutdown_timeout)

@@ -23,13 +23,13 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hwlaunch.errors import BackendUnavailableError, WorkerDiedError, WorkerStartupError
 from hwlaunch.executor._runtime import Failure, Request
 from hwlaunch.executor.base import (
     Executor,
-    StatusCallback,
+    ExecutorOptions,
     bound_devices,
     gather,
     worker_environment,
@@ -59,6 +59,9 @@ from hwlaunch.executor.ray._stacks import actor_stacks
 from hwlaunch.executor.state import ClosedState
 from hwlaunch.executor.transport.codec import PICKLES
 from hwlaunch.plan import Plan
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["RayExecutor"]
 
@@ -226,18 +229,9 @@ class RayExecutor(Executor):
         self,
         plan: Plan,
         worker_extension: type | str | None = None,
-        *,
-        init_distributed: bool = True,
-        startup_timeout: float | None = None,
-        on_status: StatusCallback | None = None,
+        **options: Unpack[ExecutorOptions],
     ) -> None:
-        super().__init__(
-            plan,
-            worker_extension,
-            init_distributed=init_distributed,
-            startup_timeout=startup_timeout,
-            on_status=on_status,
-        )
+        super().__init__(plan, worker_extension, **options)
         ray = import_ray(loopback=plan.ray_address is None)
         self._group = _ActorGroup(ray, connect(ray, plan, self.warnings), plan.shutdown_timeout)
         self._finalizer = weakref.finalize(self, self._group.shutdown)
