@@ -54,8 +54,22 @@ def test_a_pickled_plan_loads_no_planning_in_the_worker() -> None:
     assert found["loaded"] == [], "worker-side code imported planning or CLI modules"
 
 
-def long_functions() -> list[str]:
+def long_definitions(paths: list[Path], kinds: type | tuple[type, ...], limit: int) -> list[str]:
+    """``file:line name (N lines)`` for each definition of ``kinds`` over ``limit`` lines."""
     found = []
+    for path in sorted(paths):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, kinds):
+                assert node.end_lineno is not None
+                length = node.end_lineno - node.lineno + 1
+                if length > limit:
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    found.append(f"{where} {node.name} ({length} lines)")
+    return found
+
+
+def long_functions() -> list[str]:
     package = ROOT / "core" / "hwlaunch"
     core = [p for p in package.rglob("*.py") if not p.is_relative_to(package / "plugins")]
     others = [
@@ -63,38 +77,17 @@ def long_functions() -> list[str]:
         for folder in ("plugins", "benchmarks", "examples", "tests")
         for p in ROOT.glob(f"{folder}/**/*.py")
     ]
-    for path in sorted([*core, *others]):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                assert node.end_lineno is not None
-                length = node.end_lineno - node.lineno + 1
-                if length > MAX_FUNCTION_LINES:
-                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
-                    found.append(f"{where} {node.name} ({length} lines)")
-    return found
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return long_definitions([*core, *others], functions, MAX_FUNCTION_LINES)
 
 
 def test_no_function_is_longer_than_60_lines() -> None:
     assert long_functions() == []
 
 
-def long_classes() -> list[str]:
-    found = []
-    for path in sorted((ROOT / "core" / "hwlaunch").rglob("*.py")):
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef):
-                assert node.end_lineno is not None
-                length = node.end_lineno - node.lineno + 1
-                if length > MAX_CLASS_LINES:
-                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
-                    found.append(f"{where} {node.name} ({length} lines)")
-    return found
-
-
 def test_no_class_is_longer_than_300_lines() -> None:
-    assert long_classes() == []
+    paths = list((ROOT / "core" / "hwlaunch").rglob("*.py"))
+    assert long_definitions(paths, ast.ClassDef, MAX_CLASS_LINES) == []
 
 
 # Executor modules on neither side of the wall: both sides use them (the transport and the mp
